@@ -1,0 +1,199 @@
+"""The staging ledger of one stream: which landing files each batch sequence holds, and its state.
+
+Layout under ``$LAKEHOUSE_HOME/staging/<stream>/<sequence>/``:
+
+- ``batch.json``: minted by the micro-batch sensor (the exact landing files of the batch);
+- ``attempt-<id>/``: Parquet written by one writer attempt (``rows/`` and ``rejects/``);
+- ``staged.json``: the attempt that won, with row counts and event-time range (created once);
+- ``committed.json``: bookkeeping after the commit; the table's snapshot ancestry stays the truth.
+
+Every record is created atomically; ``batch.json`` and ``staged.json`` are created exclusively,
+so two sensors or two writer runs can never produce two versions of one batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lakehouse_assets.errors import BatchConflictError
+
+BATCH_FILE = "batch.json"
+STAGED_FILE = "staged.json"
+COMMITTED_FILE = "committed.json"
+SEQUENCE_DIGITS = 10
+
+
+@dataclass(frozen=True)
+class MintedBatch:
+    """A batch as the sensor minted it: its sequence and exact landing files."""
+
+    stream: str
+    sequence: int
+    table: str
+    files: list[str]
+    bytes: int
+    oldest_landed_at: float
+    minted_at: float
+
+
+@dataclass(frozen=True)
+class StagedBatch:
+    """The writer attempt whose Parquet the committer will publish."""
+
+    sequence: int
+    attempt: str
+    rows: int
+    rejected: int
+    min_event_time: str | None
+    max_event_time: str | None
+    staged_at: float
+    run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class CommittedBatch:
+    """Bookkeeping after a commit: which snapshot published the batch."""
+
+    snapshot_id: int
+    commit_sequence: int
+    committed_at: float
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """Everything the ledger knows of one batch sequence."""
+
+    minted: MintedBatch
+    staged: StagedBatch | None = None
+    committed: CommittedBatch | None = None
+    directory: Path = field(default=Path("."), compare=False)
+
+    @property
+    def sequence(self) -> int:
+        return self.minted.sequence
+
+    @property
+    def status(self) -> str:
+        if self.committed:
+            return "committed"
+        return "staged" if self.staged else "minted"
+
+    def rows_path(self) -> Path:
+        assert self.staged, "only a staged batch has rows"
+        return self.directory / f"attempt-{self.staged.attempt}" / "rows"
+
+    def rejects_path(self) -> Path:
+        assert self.staged, "only a staged batch has rejects"
+        return self.directory / f"attempt-{self.staged.attempt}" / "rejects"
+
+
+def _write_json_atomically(path: Path, payload: dict[str, Any], exclusive: bool) -> bool:
+    """Write ``path`` via a temporary file; with ``exclusive`` keep an existing file and return False."""
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(temporary, "w") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        if exclusive:
+            try:
+                os.link(temporary, path)
+            except FileExistsError:
+                return False
+        else:
+            os.replace(temporary, path)
+            return True
+    finally:
+        temporary.unlink(missing_ok=True)
+    return True
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+class StreamLedger:
+    """The batches of one stream, read from and written to its staging directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _directory(self, sequence: int) -> Path:
+        return self.root / f"{sequence:0{SEQUENCE_DIGITS}d}"
+
+    def batch(self, sequence: int) -> BatchRecord | None:
+        """The record of one sequence, or None when it was never minted."""
+        directory = self._directory(sequence)
+        minted = _read_json(directory / BATCH_FILE)
+        if minted is None:
+            return None
+        staged = _read_json(directory / STAGED_FILE)
+        committed = _read_json(directory / COMMITTED_FILE)
+        return BatchRecord(
+            minted=MintedBatch(**minted),
+            staged=StagedBatch(**staged) if staged else None,
+            committed=CommittedBatch(**committed) if committed else None,
+            directory=directory,
+        )
+
+    def batches(self) -> list[BatchRecord]:
+        """Every minted batch, in sequence order."""
+        if not self.root.is_dir():
+            return []
+        sequences = sorted(int(entry.name) for entry in self.root.iterdir() if entry.name.isdigit())
+        records = (self.batch(sequence) for sequence in sequences)
+        return [record for record in records if record is not None]
+
+    def claimed_files(self) -> set[str]:
+        """Landing files that belong to a minted batch, committed or not."""
+        return {name for record in self.batches() for name in record.minted.files}
+
+    def highest_sequence(self) -> int:
+        sequences = [record.sequence for record in self.batches()]
+        return max(sequences, default=0)
+
+    def mint(self, batch: MintedBatch) -> None:
+        """Create the batch record; raises BatchConflictError if the sequence exists already."""
+        directory = self._directory(batch.sequence)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            raise BatchConflictError(
+                f"stream {batch.stream!r}: batch {batch.sequence} was minted already"
+            ) from None
+        _write_json_atomically(directory / BATCH_FILE, asdict(batch), exclusive=True)
+
+    def new_attempt(self, sequence: int) -> tuple[str, Path]:
+        """A fresh attempt id and its directory; attempts never share file names."""
+        attempt = uuid.uuid4().hex[:16]
+        return attempt, self._directory(sequence) / f"attempt-{attempt}"
+
+    def record_staged(self, staged: StagedBatch) -> bool:
+        """Publish an attempt as the staged batch; False when another attempt won first."""
+        return _write_json_atomically(
+            self._directory(staged.sequence) / STAGED_FILE, asdict(staged), exclusive=True
+        )
+
+    def record_committed(self, sequence: int, committed: CommittedBatch) -> None:
+        _write_json_atomically(
+            self._directory(sequence) / COMMITTED_FILE, asdict(committed), exclusive=False
+        )
+
+    def remove_attempts(self, sequence: int, keep: str | None = None) -> None:
+        """Delete attempt directories of a batch, except ``keep``."""
+        directory = self._directory(sequence)
+        if not directory.is_dir():
+            return
+        for entry in directory.iterdir():
+            if entry.is_dir() and entry.name.startswith("attempt-") and entry.name != f"attempt-{keep}":
+                shutil.rmtree(entry, ignore_errors=True)

@@ -1,0 +1,324 @@
+"""The pipeline configuration (`lakehouse.yaml`), validated once when it is loaded.
+
+Key names follow the Iceberg sink RFC's configuration reference. Every error names the stream and
+the key, for example ``stream 'orders': flush.max_age: invalid duration '5 minutes'``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lakehouse_assets.errors import ConfigError
+
+CONFIG_ENV = "LAKEHOUSE_CONFIG"
+DEFAULT_CONFIG_FILE = "lakehouse.yaml"
+DEMO_CONFIG_RESOURCE = "demo_lakehouse.yaml"
+
+PRIMITIVE_TYPES = (
+    "boolean",
+    "int",
+    "long",
+    "float",
+    "double",
+    "date",
+    "timestamp",
+    "timestamptz",
+    "string",
+    "binary",
+)
+DECIMAL_TYPE = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
+PARTITION_TRANSFORM = re.compile(r"^(identity|year|month|day|hour|bucket\[\d+\]|truncate\[\d+\])$")
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+DURATION_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+STREAM_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds in a duration such as ``250ms``, ``0s``, ``60s``, ``5m``, ``1h`` or a number of seconds."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    match = DURATION.match(str(value).strip())
+    if not match:
+        raise ValueError(f"invalid duration {value!r} (use e.g. 500ms, 30s, 5m, 1h)")
+    return float(match.group(1)) * DURATION_UNIT_SECONDS[match.group(2)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ColumnSpec(_Strict):
+    """One declared column: an Iceberg type name and whether it is required."""
+
+    name: str
+    type: str
+    required: bool = False
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        type_name = value.strip().lower()
+        if type_name in PRIMITIVE_TYPES or DECIMAL_TYPE.match(type_name):
+            return type_name
+        raise ValueError(
+            f"unsupported type {value!r}; supported: {', '.join(PRIMITIVE_TYPES)}, decimal(P,S)"
+        )
+
+
+class PartitionFieldSpec(_Strict):
+    """One partition field: a source column and an Iceberg transform."""
+
+    column: str
+    transform: str = "identity"
+
+    @field_validator("transform")
+    @classmethod
+    def _known_transform(cls, value: str) -> str:
+        if not PARTITION_TRANSFORM.match(value):
+            raise ValueError(
+                f"unsupported transform {value!r}; use identity, year, month, day, hour, "
+                "bucket[N] or truncate[W]"
+            )
+        return value
+
+
+class SchemaSpec(_Strict):
+    """Columns and partitioning used when the stream creates its table."""
+
+    columns: list[ColumnSpec] = Field(default_factory=list)
+    partition_spec: list[PartitionFieldSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _partition_columns_exist(self) -> SchemaSpec:
+        names = [column.name for column in self.columns]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate column names: {', '.join(duplicates)}")
+        for field in self.partition_spec:
+            if field.column not in names:
+                raise ValueError(f"partition_spec names column {field.column!r}, which is not declared")
+        return self
+
+
+class FlushSpec(_Strict):
+    """The micro-batch trigger: whichever of size and age is reached first."""
+
+    max_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
+    max_age: float = 60.0
+
+    @field_validator("max_age", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return parse_duration(value)
+
+
+class LandingSourceSpec(_Strict):
+    """Append-only NDJSON files in a directory; defaults to ``$LAKEHOUSE_HOME/landing/<stream>``."""
+
+    path: str | None = None
+    format: Literal["json"] = "json"
+
+
+class SourceSpec(_Strict):
+    landing: LandingSourceSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SourceSpec:
+        if self.landing is None:
+            raise ValueError("a stream needs a source; use source: {landing: {}}")
+        return self
+
+
+class StreamSpec(_Strict):
+    """One event stream and the Iceberg table it writes."""
+
+    name: str
+    source: SourceSpec = Field(default_factory=lambda: SourceSpec(landing=LandingSourceSpec()))
+    table_identifier: str
+    operation: str | None = None
+    identifier_columns: list[str] | None = None
+    auto_create: bool = False
+    schema_evolution: bool = False
+    table_schema: SchemaSpec = Field(default_factory=SchemaSpec, alias="schema")
+    table_properties: dict[str, str] = Field(default_factory=dict)
+    table_location: str | None = None
+    flush: FlushSpec = Field(default_factory=FlushSpec)
+    commit_interval: float = 300.0
+    event_time_column: str | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("name")
+    @classmethod
+    def _stream_name(cls, value: str) -> str:
+        if not STREAM_NAME.match(value):
+            raise ValueError(f"invalid stream name {value!r}: use lower case letters, digits and _")
+        return value
+
+    @field_validator("commit_interval", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return parse_duration(value)
+
+    @field_validator("table_properties", mode="before")
+    @classmethod
+    def _properties_as_strings(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(key): str(item) for key, item in value.items()}
+        return value
+
+    @field_validator("table_identifier")
+    @classmethod
+    def _static_identifier(cls, value: str) -> str:
+        if "${" in value:
+            raise ValueError("dynamic table identifiers are not supported yet; name one table")
+        parts = value.split(".")
+        if len(parts) < 2 or not all(IDENTIFIER_PART.match(part) for part in parts):
+            raise ValueError(f"{value!r} is not of the form namespace.table")
+        return value
+
+    @field_validator("operation")
+    @classmethod
+    def _append_only(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError("row-level operations are not supported yet; remove the key to append")
+        return value
+
+    @field_validator("schema_evolution")
+    @classmethod
+    def _no_evolution_yet(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("schema evolution is not supported yet; set it to false")
+        return value
+
+    @model_validator(mode="after")
+    def _event_time_column_declared(self) -> StreamSpec:
+        columns = {column.name: column.type for column in self.table_schema.columns}
+        if self.auto_create and not columns:
+            raise ValueError("schema.columns: auto_create needs declared columns (inference is not supported yet)")
+        if self.event_time_column is not None and columns:
+            if columns.get(self.event_time_column) not in ("timestamp", "timestamptz"):
+                raise ValueError(
+                    f"event_time_column: {self.event_time_column!r} is not a declared timestamp column"
+                )
+        return self
+
+    @property
+    def namespace(self) -> str:
+        return self.table_identifier.rsplit(".", 1)[0]
+
+    @property
+    def table_name(self) -> str:
+        return self.table_identifier.rsplit(".", 1)[1]
+
+    def resolved_event_time_column(self) -> str | None:
+        """The column whose maximum is the batch's event time: configured, else the first timestamp."""
+        if self.event_time_column:
+            return self.event_time_column
+        for column in self.table_schema.columns:
+            if column.type in ("timestamp", "timestamptz"):
+                return column.name
+        return None
+
+
+class LakehouseConfig(_Strict):
+    """The whole pipeline: catalog properties for catalog ``lake`` and the streams."""
+
+    catalog: dict[str, str] = Field(default_factory=lambda: {"type": "hadoop"})
+    spark: dict[str, str] = Field(default_factory=dict)
+    streams: list[StreamSpec]
+
+    @field_validator("catalog", "spark", mode="before")
+    @classmethod
+    def _catalog_as_strings(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(key): str(item) for key, item in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _unique_streams(self) -> LakehouseConfig:
+        names = [stream.name for stream in self.streams]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate stream names: {', '.join(duplicates)}")
+        if not self.streams:
+            raise ValueError("streams: declare at least one stream")
+        return self
+
+    def stream(self, name: str) -> StreamSpec:
+        """The stream called ``name``; a ConfigError lists the known streams otherwise."""
+        for stream in self.streams:
+            if stream.name == name:
+                return stream
+        known = ", ".join(stream.name for stream in self.streams)
+        raise ConfigError(f"unknown stream {name!r}; configured streams: {known}")
+
+    def tables(self) -> dict[str, list[StreamSpec]]:
+        """Each target table identifier with the streams that write it."""
+        by_table: dict[str, list[StreamSpec]] = {}
+        for stream in self.streams:
+            by_table.setdefault(stream.table_identifier, []).append(stream)
+        return by_table
+
+
+def _describe_error(raw: Any, error: dict[str, Any]) -> str:
+    location = list(error["loc"])
+    prefix = ""
+    if len(location) >= 2 and location[0] == "streams" and isinstance(location[1], int):
+        index = location[1]
+        streams = raw.get("streams") if isinstance(raw, dict) else None
+        name = None
+        if isinstance(streams, list) and index < len(streams) and isinstance(streams[index], dict):
+            name = streams[index].get("name")
+        prefix = f"stream {name!r}: " if name else f"stream #{index + 1}: "
+        location = location[2:]
+    key = ".".join(str(part) for part in location if not str(part).startswith("function-"))
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown key"
+    return f"{prefix}{key + ': ' if key else ''}{message}"
+
+
+def parse_config(raw: Any, origin: str = "<config>") -> LakehouseConfig:
+    """Validate a parsed YAML document; raises ConfigError naming each bad stream and key."""
+    try:
+        return LakehouseConfig.model_validate(raw)
+    except ValidationError as error:
+        problems = "\n  ".join(_describe_error(raw, item) for item in error.errors())
+        raise ConfigError(f"invalid configuration in {origin}:\n  {problems}") from None
+
+
+def config_path() -> Path | None:
+    """The configuration file in use: ``$LAKEHOUSE_CONFIG``, else ``./lakehouse.yaml`` if present."""
+    explicit = os.environ.get(CONFIG_ENV)
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"{CONFIG_ENV}={explicit} does not name a file")
+        return path
+    default = Path(DEFAULT_CONFIG_FILE)
+    return default if default.is_file() else None
+
+
+def load_config() -> LakehouseConfig:
+    """Load and validate the configuration, or the packaged demo configuration when there is none."""
+    path = config_path()
+    if path is None:
+        text = resources.files("lakehouse_assets").joinpath(DEMO_CONFIG_RESOURCE).read_text()
+        origin = f"packaged {DEMO_CONFIG_RESOURCE}"
+    else:
+        text = path.read_text()
+        origin = str(path)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{origin} is not valid YAML: {error}") from None
+    return parse_config(raw, origin)

@@ -1,0 +1,29 @@
+"""Domain exceptions, each with a message a data engineer can act on."""
+
+
+class LakehouseError(Exception):
+    """Base class for every error this package raises on purpose."""
+
+
+class ConfigError(LakehouseError):
+    """The pipeline configuration is invalid; the message names the stream and the key."""
+
+
+class IngestError(LakehouseError):
+    """Events offered to the landing zone were refused; nothing was written."""
+
+
+class BatchConflictError(LakehouseError):
+    """A batch sequence was staged twice with different contents."""
+
+
+class SequenceGapError(LakehouseError):
+    """A batch is missing, so later batches of its stream cannot commit in order."""
+
+
+class CommitOutcomeUnknownError(LakehouseError):
+    """The catalog failed after a commit may have landed; the ancestry decides on the next run."""
+
+
+class TableNotFoundError(LakehouseError):
+    """A static target table does not exist and the stream may not create it."""

@@ -1,0 +1,104 @@
+"""The landing zone: immutable NDJSON files per stream, created atomically (write, then rename).
+
+Producers may drop files themselves: any ``*.ndjson`` file whose name does not start with ``.``
+counts once it is in the directory, so write it under a dot-name and rename it into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.errors import IngestError
+from lakehouse_assets.paths import LakehousePaths
+
+LANDING_SUFFIX = ".ndjson"
+MAX_LANDING_FILE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LandingFile:
+    """One landed file: its name in the stream's landing directory, size and landing time."""
+
+    name: str
+    size: int
+    landed_at: float
+
+
+def landing_dir(paths: LakehousePaths, stream: StreamSpec) -> Path:
+    """The stream's landing directory: ``source.landing.path`` or ``$LAKEHOUSE_HOME/landing/<stream>``."""
+    configured = stream.source.landing.path if stream.source.landing else None
+    return Path(configured).resolve() if configured else paths.landing(stream.name)
+
+
+def list_landing_files(directory: Path) -> list[LandingFile]:
+    """All landed files, oldest name first; temporary dot-files are not landed yet."""
+    if not directory.is_dir():
+        return []
+    files = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.name.endswith(LANDING_SUFFIX):
+                continue
+            stat = entry.stat()
+            files.append(LandingFile(entry.name, stat.st_size, stat.st_mtime))
+    return sorted(files, key=lambda landed: landed.name)
+
+
+def _new_landing_name() -> str:
+    return f"{time.time_ns():020d}-{uuid.uuid4().hex[:12]}{LANDING_SUFFIX}"
+
+
+def _write_atomically(directory: Path, lines: list[bytes]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / _new_landing_name()
+    temporary = directory / f".{final.name}.tmp"
+    with open(temporary, "wb") as handle:
+        handle.writelines(lines)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.rename(temporary, final)
+    return final
+
+
+def _validated_lines(lines: Iterable[bytes | str], origin: str) -> list[bytes]:
+    accepted: list[bytes] = []
+    for number, line in enumerate(lines, start=1):
+        text = line.decode("utf-8") if isinstance(line, bytes) else line
+        if not text.strip():
+            continue
+        try:
+            event = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise IngestError(f"{origin} line {number}: not valid JSON ({error.msg}); nothing was landed") from None
+        if not isinstance(event, dict):
+            raise IngestError(f"{origin} line {number}: expected a JSON object; nothing was landed")
+        accepted.append(text.rstrip("\r\n").encode("utf-8") + b"\n")
+    return accepted
+
+
+def land_events(
+    paths: LakehousePaths, stream: StreamSpec, lines: Iterable[bytes | str], origin: str = "input"
+) -> list[Path]:
+    """Validate NDJSON lines and land them as new immutable files; all or nothing.
+
+    Every line must be a JSON object; the first bad line is named in the error and nothing is
+    landed. Large inputs are split into files of at most 64 MiB.
+    """
+    accepted = _validated_lines(lines, origin)
+    directory = landing_dir(paths, stream)
+    chunks: list[list[bytes]] = [[]]
+    chunk_bytes = 0
+    for line in accepted:
+        if chunks[-1] and chunk_bytes + len(line) > MAX_LANDING_FILE_BYTES:
+            chunks.append([])
+            chunk_bytes = 0
+        chunks[-1].append(line)
+        chunk_bytes += len(line)
+    return [_write_atomically(directory, chunk) for chunk in chunks if chunk]

@@ -1,0 +1,98 @@
+"""When to cut the next batch of a stream, and minting it in the staging ledger.
+
+The trigger is the streaming-writes article's dual trigger: cut a batch when the pending bytes
+reach ``flush.max_bytes`` or when the oldest pending event is older than ``flush.max_age``.
+A batch takes pending files in name order up to ``max_bytes`` (at least one file).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from lakehouse_assets.batch_ledger import MintedBatch, StreamLedger
+from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.landing import LandingFile, landing_dir, list_landing_files
+from lakehouse_assets.locks import exclusive_lock, stream_lock_file
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.recovery import committed_state
+from lakehouse_assets.table_metadata import load_committed_table
+
+
+@dataclass(frozen=True)
+class FlushDecision:
+    """Files to cut into a batch now (empty when waiting), and why."""
+
+    files: list[LandingFile]
+    reason: str
+
+
+def decide_flush(
+    pending: list[LandingFile], stream: StreamSpec, now: float, drain: bool = False
+) -> FlushDecision:
+    """Apply the dual trigger to the pending files; ``drain`` cuts whatever is pending."""
+    if not pending:
+        return FlushDecision([], "no pending events")
+    pending_bytes = sum(landed.size for landed in pending)
+    oldest_age = now - min(landed.landed_at for landed in pending)
+    flush = stream.flush
+    if pending_bytes >= flush.max_bytes:
+        reason = f"{pending_bytes} bytes pending >= flush.max_bytes {flush.max_bytes}"
+    elif oldest_age >= flush.max_age:
+        reason = f"oldest pending event is {oldest_age:.1f}s old >= flush.max_age {flush.max_age:g}s"
+    elif drain:
+        reason = "draining every pending event"
+    else:
+        return FlushDecision(
+            [],
+            f"waiting: {pending_bytes} bytes in {len(pending)} files pending (< flush.max_bytes "
+            f"{flush.max_bytes}); oldest pending event is {oldest_age:.1f}s old "
+            f"(< flush.max_age {flush.max_age:g}s)",
+        )
+    chosen, total = [], 0
+    for landed in pending:
+        if chosen and total + landed.size > flush.max_bytes:
+            break
+        chosen.append(landed)
+        total += landed.size
+    return FlushDecision(chosen, reason)
+
+
+def pending_files(paths: LakehousePaths, stream: StreamSpec, ledger: StreamLedger) -> list[LandingFile]:
+    """Landed files that no minted batch holds yet."""
+    claimed = ledger.claimed_files()
+    return [landed for landed in list_landing_files(landing_dir(paths, stream)) if landed.name not in claimed]
+
+
+def mint_next_batch(
+    config: LakehouseConfig,
+    paths: LakehousePaths,
+    stream: StreamSpec,
+    now: float | None = None,
+    drain: bool = False,
+) -> tuple[MintedBatch | None, str]:
+    """Cut and record the next batch if the trigger fires; returns it (or None) and the reason.
+
+    Holds the stream's minting lock, so two sensors can never put one file in two batches. The
+    sequence continues after both the ledger and the table's ancestry, so a wiped ledger never
+    reuses a committed sequence.
+    """
+    ledger = StreamLedger(paths.staging(stream.name))
+    with exclusive_lock(stream_lock_file(paths.locks, stream.name)):
+        now = time.time() if now is None else now
+        decision = decide_flush(pending_files(paths, stream, ledger), stream, now, drain)
+        if not decision.files:
+            return None, decision.reason
+        table = load_committed_table(config, paths, stream.table_identifier)
+        sequence = max(ledger.highest_sequence(), committed_state(table, stream.name).sequence) + 1
+        batch = MintedBatch(
+            stream=stream.name,
+            sequence=sequence,
+            table=stream.table_identifier,
+            files=[landed.name for landed in decision.files],
+            bytes=sum(landed.size for landed in decision.files),
+            oldest_landed_at=min(landed.landed_at for landed in decision.files),
+            minted_at=now,
+        )
+        ledger.mint(batch)
+        return batch, decision.reason

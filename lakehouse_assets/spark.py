@@ -1,0 +1,80 @@
+"""The one place that configures Spark for Iceberg: runtime jar, Java, catalog ``lake``.
+
+Static settings (jar, SQL extensions) belong to the JVM-wide session; catalog settings belong to a
+child session per lakehouse home (``newSession``), so one process can serve several homes.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+
+from pyspark.sql import SparkSession
+
+from lakehouse_assets.config import LakehouseConfig
+from lakehouse_assets.java_runtime import ensure_java_home
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.table_metadata import CATALOG_NAME, is_hadoop_catalog, warehouse_location
+
+ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
+ICEBERG_JAR_PACKAGE = "snowpark_connect_deps_iceberg"
+MASTER_ENV = "LAKEHOUSE_SPARK_MASTER"
+DRIVER_MEMORY_ENV = "LAKEHOUSE_SPARK_DRIVER_MEMORY"
+
+
+def iceberg_runtime_jar() -> str:
+    """Path of the Iceberg Spark runtime jar shipped by the ``snowpark-connect-deps-iceberg`` package."""
+    return str(resources.files(ICEBERG_JAR_PACKAGE).joinpath("jars", ICEBERG_RUNTIME_JAR))
+
+
+def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
+    """JVM-wide settings: the Iceberg runtime jar, UTC, small shuffles, then the config's ``spark`` map.
+
+    Users who reach Maven can set ``spark.jars.packages`` in the ``spark`` map instead of the
+    packaged jar; ``LAKEHOUSE_SPARK_MASTER`` overrides the master for one process.
+    """
+    conf = {
+        "spark.master": "local[2]",
+        "spark.app.name": "lakehouse_assets",
+        "spark.driver.memory": os.environ.get(DRIVER_MEMORY_ENV, "4g"),
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # The writer stages only rows whose required columns are set, so Parquet's nullable
+        # columns may be appended to required Iceberg columns.
+        "spark.sql.iceberg.check-nullability": "false",
+    }
+    conf.update(config.spark)
+    if "spark.jars.packages" not in config.spark:
+        conf.setdefault("spark.jars", iceberg_runtime_jar())
+    if MASTER_ENV in os.environ:
+        conf["spark.master"] = os.environ[MASTER_ENV]
+    return conf
+
+
+def catalog_conf(config: LakehouseConfig, paths: LakehousePaths) -> dict[str, str]:
+    """Session settings for catalog ``lake`` from the config's catalog properties."""
+    prefix = f"spark.sql.catalog.{CATALOG_NAME}"
+    conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.cache-enabled": "false"}
+    for key, value in config.catalog.items():
+        conf[f"{prefix}.{key}"] = value
+    if is_hadoop_catalog(config):
+        conf[f"{prefix}.type"] = "hadoop"
+    conf[f"{prefix}.warehouse"] = warehouse_location(config, paths)
+    return conf
+
+
+def lakehouse_session(config: LakehouseConfig, paths: LakehousePaths) -> SparkSession:
+    """A Spark session whose catalog ``lake`` is this lakehouse's; starts the JVM on first use."""
+    ensure_java_home()
+    builder = SparkSession.builder
+    for key, value in static_spark_conf(config).items():
+        builder = builder.config(key, value)
+    root = builder.getOrCreate()
+    root.sparkContext.setLogLevel("ERROR")
+    session = root.newSession()
+    for key, value in catalog_conf(config, paths).items():
+        session.conf.set(key, value)
+    return session

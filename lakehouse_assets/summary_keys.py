@@ -1,0 +1,20 @@
+"""Snapshot-summary keys every lakehouse commit carries (a contract: extend, don't rename)."""
+
+PREFIX = "lakehouse."
+STREAM = "lakehouse.stream"
+COMMIT_SEQUENCE = "lakehouse.commit-sequence"
+BATCH_RANGE = "lakehouse.batch-range"
+ROWS = "lakehouse.rows"
+SOURCE_OFFSETS = "lakehouse.source-offsets"
+MAX_EVENT_TIME = "lakehouse.max-event-time"
+COMMITTER_EPOCH = "lakehouse.committer-epoch"
+COMMITTER_RUN = "lakehouse.committer-run"
+
+
+def format_batch_range(first: int, last: int) -> str:
+    return f"{first}-{last}"
+
+
+def parse_batch_range(value: str) -> tuple[int, int]:
+    first, _, last = value.partition("-")
+    return int(first), int(last)

@@ -1,0 +1,62 @@
+"""Read a table's committed metadata without a JVM (PyIceberg), whatever the catalog.
+
+This is the one place that knows the Hadoop catalog's layout
+(``<warehouse>/<namespace>/<table>/metadata/vN.metadata.json`` named by ``version-hint.text``);
+every other catalog is asked through PyIceberg's own catalog client.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyiceberg.catalog import load_catalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.table import StaticTable, Table
+
+from lakehouse_assets.config import LakehouseConfig
+from lakehouse_assets.paths import LakehousePaths
+
+CATALOG_NAME = "lake"
+
+
+def is_hadoop_catalog(config: LakehouseConfig) -> bool:
+    return config.catalog.get("type", "hadoop") == "hadoop"
+
+
+def warehouse_location(config: LakehouseConfig, paths: LakehousePaths) -> str:
+    """The catalog's warehouse: the configured one, else ``$LAKEHOUSE_HOME/warehouse``."""
+    return config.catalog.get("warehouse") or str(paths.warehouse)
+
+
+def _hadoop_table_dir(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> Path:
+    warehouse = warehouse_location(config, paths).removeprefix("file://")
+    return Path(warehouse, *identifier.split("."))
+
+
+def current_metadata_location(
+    config: LakehouseConfig, paths: LakehousePaths, identifier: str
+) -> str | None:
+    """The table's current metadata file, or None when the table does not exist."""
+    if is_hadoop_catalog(config):
+        metadata_dir = _hadoop_table_dir(config, paths, identifier) / "metadata"
+        try:
+            version = int((metadata_dir / "version-hint.text").read_text().strip())
+        except FileNotFoundError:
+            return None
+        # The hint can lag a commit that renamed a newer version into place: follow the chain.
+        while (metadata_dir / f"v{version + 1}.metadata.json").exists():
+            version += 1
+        return str(metadata_dir / f"v{version}.metadata.json")
+    properties = {key: value for key, value in config.catalog.items()}
+    try:
+        return load_catalog(CATALOG_NAME, **properties).load_table(identifier).metadata_location
+    except NoSuchTableError:
+        return None
+
+
+def load_committed_table(
+    config: LakehouseConfig, paths: LakehousePaths, identifier: str
+) -> Table | None:
+    """The table as last committed, read-only, or None when it does not exist."""
+    location = current_metadata_location(config, paths, identifier)
+    return StaticTable.from_metadata(location) if location else None

@@ -1,0 +1,91 @@
+"""Create a stream's target table from its declared schema (auto-create), holding the table's lock."""
+
+from __future__ import annotations
+
+import re
+
+from pyspark.sql import SparkSession
+
+from lakehouse_assets.config import LakehouseConfig, PartitionFieldSpec, StreamSpec
+from lakehouse_assets.errors import TableNotFoundError
+from lakehouse_assets.locks import exclusive_lock, table_lock_file
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.table_metadata import CATALOG_NAME, current_metadata_location
+
+SPARK_TYPE_BY_ICEBERG_TYPE = {
+    "boolean": "boolean",
+    "int": "int",
+    "long": "bigint",
+    "float": "float",
+    "double": "double",
+    "date": "date",
+    "timestamp": "timestamp_ntz",
+    "timestamptz": "timestamp",
+    "string": "string",
+    "binary": "binary",
+}
+# Iceberg retries a failed commit by re-applying it on the new base, which could publish a batch
+# that a competing committer already published. Our committer retries itself after re-reading the
+# ancestry, so Iceberg's own retry is turned off on every table we create.
+MANAGED_TABLE_PROPERTIES = {"commit.retry.num-retries": "0"}
+
+
+def spark_type(iceberg_type: str) -> str:
+    """Spark SQL type for an Iceberg primitive type name (``decimal(P,S)`` passes through)."""
+    return SPARK_TYPE_BY_ICEBERG_TYPE.get(iceberg_type, iceberg_type)
+
+
+def qualified_name(identifier: str) -> str:
+    return f"{CATALOG_NAME}.{identifier}"
+
+
+def _partition_expression(field: PartitionFieldSpec) -> str:
+    column = f"`{field.column}`"
+    if field.transform == "identity":
+        return column
+    if field.transform in ("year", "month", "day", "hour"):
+        return f"{field.transform}s({column})"
+    name, width = re.match(r"^(bucket|truncate)\[(\d+)\]$", field.transform).groups()
+    return f"{name}({width}, {column})"
+
+
+def create_table_statement(stream: StreamSpec) -> str:
+    """The ``CREATE TABLE IF NOT EXISTS`` statement for the stream's declared schema."""
+    columns = ",\n  ".join(
+        f"`{column.name}` {spark_type(column.type)}{' NOT NULL' if column.required else ''}"
+        for column in stream.table_schema.columns
+    )
+    statement = f"CREATE TABLE IF NOT EXISTS {qualified_name(stream.table_identifier)} (\n  {columns}\n) USING iceberg"
+    if stream.table_schema.partition_spec:
+        partitions = ", ".join(_partition_expression(field) for field in stream.table_schema.partition_spec)
+        statement += f"\nPARTITIONED BY ({partitions})"
+    if stream.table_location:
+        statement += f"\nLOCATION '{stream.table_location}'"
+    properties = {**stream.table_properties, **MANAGED_TABLE_PROPERTIES}
+    rendered = ", ".join(f"'{key}' = '{value}'" for key, value in sorted(properties.items()))
+    return statement + f"\nTBLPROPERTIES ({rendered})"
+
+
+def ensure_table(
+    spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec
+) -> bool:
+    """Make sure the stream's table exists; returns True when this call created it.
+
+    An existing table is used with its own schema. A missing table is created from
+    ``schema.columns`` when ``auto_create`` is set, and is an error naming it otherwise.
+    """
+    identifier = stream.table_identifier
+    if current_metadata_location(config, paths, identifier):
+        return False
+    if not stream.auto_create:
+        raise TableNotFoundError(
+            f"stream {stream.name!r}: table {identifier} does not exist and auto_create is false; "
+            "create it or set auto_create: true with schema.columns"
+        )
+    with exclusive_lock(table_lock_file(paths.locks, identifier)):
+        if current_metadata_location(config, paths, identifier):
+            return False
+        namespace = stream.namespace
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified_name(namespace)}")
+        spark.sql(create_table_statement(stream))
+    return True
