@@ -93,7 +93,9 @@ class BatchRecord:
         return self.directory / f"attempt-{self.staged.attempt}" / "rejects"
 
 
-def _write_json_atomically(path: Path, payload: dict[str, Any], exclusive: bool) -> bool:
+def _write_json_atomically(
+    path: Path, payload: dict[str, Any], exclusive: bool
+) -> bool:
     """Write ``path`` via a temporary file; with ``exclusive`` keep an existing file and return False."""
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     with open(temporary, "w") as handle:
@@ -149,7 +151,9 @@ class StreamLedger:
         """Every minted batch, in sequence order."""
         if not self.root.is_dir():
             return []
-        sequences = sorted(int(entry.name) for entry in self.root.iterdir() if entry.name.isdigit())
+        sequences = sorted(
+            int(entry.name) for entry in self.root.iterdir() if entry.name.isdigit()
+        )
         records = (self.batch(sequence) for sequence in sequences)
         return [record for record in records if record is not None]
 
@@ -181,12 +185,16 @@ class StreamLedger:
     def record_staged(self, staged: StagedBatch) -> bool:
         """Publish an attempt as the staged batch; False when another attempt won first."""
         return _write_json_atomically(
-            self._directory(staged.sequence) / STAGED_FILE, asdict(staged), exclusive=True
+            self._directory(staged.sequence) / STAGED_FILE,
+            asdict(staged),
+            exclusive=True,
         )
 
     def record_committed(self, sequence: int, committed: CommittedBatch) -> None:
         _write_json_atomically(
-            self._directory(sequence) / COMMITTED_FILE, asdict(committed), exclusive=False
+            self._directory(sequence) / COMMITTED_FILE,
+            asdict(committed),
+            exclusive=False,
         )
 
     def remove_attempts(self, sequence: int, keep: str | None = None) -> None:
@@ -195,5 +203,9 @@ class StreamLedger:
         if not directory.is_dir():
             return
         for entry in directory.iterdir():
-            if entry.is_dir() and entry.name.startswith("attempt-") and entry.name != f"attempt-{keep}":
+            if (
+                entry.is_dir()
+                and entry.name.startswith("attempt-")
+                and entry.name != f"attempt-{keep}"
+            ):
                 shutil.rmtree(entry, ignore_errors=True)

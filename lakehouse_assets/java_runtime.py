@@ -15,7 +15,11 @@ SUPPORTED_JAVA_MAJORS = (17, 11)
 def _java_major(java_executable: str) -> int | None:
     try:
         completed = subprocess.run(
-            [java_executable, "-version"], capture_output=True, text=True, timeout=30, check=False
+            [java_executable, "-version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
     except OSError:
         return None

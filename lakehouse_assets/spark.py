@@ -14,7 +14,11 @@ from pyspark.sql import SparkSession
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.java_runtime import ensure_java_home
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.table_metadata import CATALOG_NAME, is_hadoop_catalog, warehouse_location
+from lakehouse_assets.table_metadata import (
+    CATALOG_NAME,
+    is_hadoop_catalog,
+    warehouse_location,
+)
 
 ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 ICEBERG_JAR_PACKAGE = "snowpark_connect_deps_iceberg"
@@ -24,7 +28,9 @@ DRIVER_MEMORY_ENV = "LAKEHOUSE_SPARK_DRIVER_MEMORY"
 
 def iceberg_runtime_jar() -> str:
     """Path of the Iceberg Spark runtime jar shipped by the ``snowpark-connect-deps-iceberg`` package."""
-    return str(resources.files(ICEBERG_JAR_PACKAGE).joinpath("jars", ICEBERG_RUNTIME_JAR))
+    return str(
+        resources.files(ICEBERG_JAR_PACKAGE).joinpath("jars", ICEBERG_RUNTIME_JAR)
+    )
 
 
 def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
@@ -57,7 +63,10 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
 def catalog_conf(config: LakehouseConfig, paths: LakehousePaths) -> dict[str, str]:
     """Session settings for catalog ``lake`` from the config's catalog properties."""
     prefix = f"spark.sql.catalog.{CATALOG_NAME}"
-    conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.cache-enabled": "false"}
+    conf = {
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.cache-enabled": "false",
+    }
     for key, value in config.catalog.items():
         conf[f"{prefix}.{key}"] = value
     if is_hadoop_catalog(config):

@@ -28,7 +28,9 @@ def warehouse_location(config: LakehouseConfig, paths: LakehousePaths) -> str:
     return config.catalog.get("warehouse") or str(paths.warehouse)
 
 
-def _hadoop_table_dir(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> Path:
+def _hadoop_table_dir(
+    config: LakehouseConfig, paths: LakehousePaths, identifier: str
+) -> Path:
     warehouse = warehouse_location(config, paths).removeprefix("file://")
     return Path(warehouse, *identifier.split("."))
 
@@ -49,7 +51,11 @@ def current_metadata_location(
         return str(metadata_dir / f"v{version}.metadata.json")
     properties = {key: value for key, value in config.catalog.items()}
     try:
-        return load_catalog(CATALOG_NAME, **properties).load_table(identifier).metadata_location
+        return (
+            load_catalog(CATALOG_NAME, **properties)
+            .load_table(identifier)
+            .metadata_location
+        )
     except NoSuchTableError:
         return None
 

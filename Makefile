@@ -1,0 +1,31 @@
+# Two commands on a fresh machine: `make run` (set up, run the demo) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export LAKEHOUSE_HOME ?= $(CURDIR)/.lakehouse
+export DAGSTER_HOME ?= $(LAKEHOUSE_HOME)/dagster
+
+.PHONY: run test ui lint bench clean
+
+$(BIN)/lakehouse: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+run: $(BIN)/lakehouse
+	$(BIN)/lakehouse demo
+
+test: $(BIN)/lakehouse
+	$(BIN)/ruff check lakehouse_assets lakehouse_assets_tests bench
+	$(BIN)/pytest
+
+ui: $(BIN)/lakehouse
+	mkdir -p $(DAGSTER_HOME) && cp -n dagster.yaml $(DAGSTER_HOME)/ || true
+	$(BIN)/dagster dev -w workspace.yaml
+
+bench: $(BIN)/lakehouse
+	$(BIN)/python bench/pipeline_throughput.py
+
+clean:
+	rm -rf $(LAKEHOUSE_HOME)

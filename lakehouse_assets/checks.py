@@ -1,0 +1,167 @@
+"""What a check verifies, on exactly one committed snapshot, with readers independent of Spark.
+
+DuckDB's Iceberg extension reads the rows and manifests; PyIceberg reads snapshot summaries.
+Every check returns what it found, so a failure in the Dagster UI explains itself.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+from pyiceberg.table import StaticTable
+from pyiceberg.table.snapshots import ancestors_of
+
+from lakehouse_assets import summary_keys
+from lakehouse_assets.config import ColumnSpec
+from lakehouse_assets.duck import manifest_entries, scan
+
+DUCKDB_TYPE_BY_ICEBERG_TYPE = {
+    "boolean": "BOOLEAN",
+    "int": "INTEGER",
+    "long": "BIGINT",
+    "float": "FLOAT",
+    "double": "DOUBLE",
+    "date": "DATE",
+    "timestamp": "TIMESTAMP",
+    "timestamptz": "TIMESTAMP WITH TIME ZONE",
+    "string": "VARCHAR",
+    "binary": "BLOB",
+}
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """A check's verdict and what it found."""
+
+    passed: bool
+    description: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommittedSnapshot:
+    """The exact snapshot a check reads: the metadata file that holds it and its id."""
+
+    metadata_location: str
+    snapshot_id: int
+
+    def table(self) -> StaticTable:
+        return StaticTable.from_metadata(self.metadata_location)
+
+
+def _duckdb_type(iceberg_type: str) -> str:
+    return DUCKDB_TYPE_BY_ICEBERG_TYPE.get(
+        iceberg_type, iceberg_type.upper().replace(" ", "")
+    )
+
+
+def check_schema(
+    connection: duckdb.DuckDBPyConnection,
+    snapshot: CommittedSnapshot,
+    declared: list[ColumnSpec],
+) -> CheckOutcome:
+    """The snapshot's columns, types and required flags are the declared ones, in order."""
+    if not declared:
+        return CheckOutcome(True, "no schema declared; the table's own schema is used")
+    described = connection.sql(
+        f"DESCRIBE SELECT * FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}"
+    )
+    actual = [(name, kind.replace(" ", "")) for name, kind, *_ in described.fetchall()]
+    expected = [
+        (column.name, _duckdb_type(column.type).replace(" ", "")) for column in declared
+    ]
+    iceberg_schema = snapshot.table().schema()
+    required_actual = sorted(f.name for f in iceberg_schema.fields if f.required)
+    required_expected = sorted(column.name for column in declared if column.required)
+    problems = []
+    if actual != expected:
+        problems.append(f"columns {actual} differ from declared {expected}")
+    if required_actual != required_expected:
+        problems.append(
+            f"required columns {required_actual} differ from declared {required_expected}"
+        )
+    return CheckOutcome(
+        not problems,
+        "; ".join(problems) or "schema matches the declared columns",
+        {
+            "columns": [f"{name} {kind}" for name, kind in actual],
+            "required": required_actual,
+        },
+    )
+
+
+def _lakehouse_summaries(snapshot: CommittedSnapshot) -> list[dict[str, str]]:
+    table = snapshot.table()
+    start = table.metadata.snapshot_by_id(snapshot.snapshot_id)
+    summaries = [
+        s.summary.additional_properties
+        for s in ancestors_of(start, table.metadata)
+        if s.summary and summary_keys.STREAM in s.summary.additional_properties
+    ]
+    return summaries[::-1]
+
+
+def check_row_count(
+    connection: duckdb.DuckDBPyConnection, snapshot: CommittedSnapshot
+) -> CheckOutcome:
+    """The snapshot holds exactly the rows its lakehouse commits staged (append-only tables)."""
+    counted = connection.sql(
+        f"SELECT count(*) FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}"
+    ).fetchone()[0]
+    staged = sum(
+        int(summary.get(summary_keys.ROWS, "0"))
+        for summary in _lakehouse_summaries(snapshot)
+    )
+    return CheckOutcome(
+        counted == staged,
+        f"DuckDB counts {counted} rows; the committed batches staged {staged}",
+        {"rows_read": counted, "rows_staged": staged},
+    )
+
+
+def check_sequence_ranges(snapshot: CommittedSnapshot) -> CheckOutcome:
+    """Per stream, the batch ranges along the ancestry start at 1 and have no gap, overlap or repeat."""
+    next_expected: dict[str, int] = defaultdict(lambda: 1)
+    problems = []
+    ranges: dict[str, list[str]] = defaultdict(list)
+    for summary in _lakehouse_summaries(snapshot):
+        stream = summary[summary_keys.STREAM]
+        first, last = summary_keys.parse_batch_range(summary[summary_keys.BATCH_RANGE])
+        ranges[stream].append(summary[summary_keys.BATCH_RANGE])
+        if first != next_expected[stream] or last < first:
+            kind = "gap" if first > next_expected[stream] else "overlap or repeat"
+            problems.append(
+                f"stream {stream}: {kind}: range {first}-{last} after {next_expected[stream] - 1}"
+            )
+        next_expected[stream] = max(next_expected[stream], last + 1)
+    return CheckOutcome(
+        not problems,
+        "; ".join(problems) or "batch ranges are contiguous for every stream",
+        {"ranges": {stream: ", ".join(found) for stream, found in ranges.items()}},
+    )
+
+
+def check_unique_data_files(
+    connection: duckdb.DuckDBPyConnection, snapshot: CommittedSnapshot
+) -> CheckOutcome:
+    """No live data file is referenced twice by the snapshot's manifests."""
+    entries = manifest_entries(snapshot.metadata_location, snapshot.snapshot_id)
+    duplicates = connection.sql(
+        f"SELECT file_path, count(*) AS n FROM {entries} "
+        "WHERE manifest_content = 'DATA' AND status <> 'DELETED' AND content <> 'DELETED' "
+        "GROUP BY file_path HAVING count(*) > 1 ORDER BY file_path"
+    ).fetchall()
+    files = connection.sql(
+        f"SELECT count(*) FROM {entries} WHERE manifest_content = 'DATA' "
+        "AND status <> 'DELETED' AND content <> 'DELETED'"
+    ).fetchone()[0]
+    return CheckOutcome(
+        not duplicates,
+        f"{len(duplicates)} data files referenced more than once"
+        if duplicates
+        else f"{files} data files, each referenced once",
+        {"data_files": files, "duplicated": [path for path, _ in duplicates[:20]]},
+    )

@@ -1,0 +1,125 @@
+"""The ``lakehouse`` command: ingest, run, status, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import dagster as dg
+
+from lakehouse_assets.config import load_config
+from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.landing import land_events
+from lakehouse_assets.paths import LakehousePaths
+
+DAGSTER_HOME_ENV = "DAGSTER_HOME"
+INSTANCE_SETTINGS = "dagster.yaml"
+
+
+def dagster_instance(paths: LakehousePaths) -> dg.DagsterInstance:
+    """The Dagster instance at ``$DAGSTER_HOME``, by default ``$LAKEHOUSE_HOME/dagster``.
+
+    A new home gets a copy of the project's ``dagster.yaml`` (run queue, pools) when one is in
+    the working directory, so ``dagster dev`` on the same home sees the same settings and runs.
+    """
+    home = Path(os.environ.setdefault(DAGSTER_HOME_ENV, str(paths.dagster_home)))
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / INSTANCE_SETTINGS).exists() and Path(INSTANCE_SETTINGS).is_file():
+        shutil.copy(INSTANCE_SETTINGS, home / INSTANCE_SETTINGS)
+    return dg.DagsterInstance.get()
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    paths, config = LakehousePaths.from_env(), load_config()
+    stream = config.stream(args.stream)
+    if args.file == "-":
+        landed = land_events(paths, stream, sys.stdin.buffer, origin="stdin")
+    else:
+        with open(args.file, "rb") as handle:
+            landed = land_events(paths, stream, handle, origin=args.file)
+    for path in landed:
+        print(f"landed {path}")
+    if not landed:
+        print("no events in input; nothing landed")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.runner import run_until_idle
+
+    if not args.until_idle:
+        print("use `dagster dev` for a long-running pipeline, or `lakehouse run --until-idle`", file=sys.stderr)
+        return 2
+    paths = LakehousePaths.from_env()
+    with dagster_instance(paths) as instance:
+        report = run_until_idle(build_definitions(load_config()), instance)
+    print(f"idle: {len(report.succeeded)} runs succeeded, {len(report.failed)} failed")
+    return 1 if report.failed else 0
+
+
+def _print_status(entries: list[dict]) -> None:
+    for entry in entries:
+        print(f"{entry['table']}: snapshot {entry['snapshot_id']}, {entry['rows']} rows, "
+              f"{entry['data_files']} data files, {entry['snapshots']} snapshots")
+        for stream in entry["streams"]:
+            print(f"  stream {stream['stream']}: committed through batch {stream['committed_sequence']}; "
+                  f"{stream['batches_staged']} staged and {stream['batches_minted']} minted batches waiting; "
+                  f"{stream['landing_files_pending']} landing files ({stream['landing_bytes_pending']} bytes) not batched")
+        for check, status in entry["last_checks"].items():
+            print(f"  check {check}: {status}")
+
+
+def _status(args: argparse.Namespace) -> int:
+    from lakehouse_assets.status import lakehouse_status
+
+    paths = LakehousePaths.from_env()
+    with dagster_instance(paths) as instance:
+        entries = lakehouse_status(load_config(), paths, instance)
+    if args.json:
+        print(json.dumps(entries, indent=2))
+    else:
+        _print_status(entries)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from lakehouse_assets.demo import run_demo
+
+    return run_demo(args.events)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lakehouse", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    ingest = commands.add_parser("ingest", help="land NDJSON events for a stream")
+    ingest.add_argument("--stream", required=True)
+    ingest.add_argument("file", nargs="?", default="-", help="NDJSON file, or - for standard input")
+    ingest.set_defaults(handler=_ingest)
+    run = commands.add_parser("run", help="run the pipeline")
+    run.add_argument("--until-idle", action="store_true", help="run in-process until nothing is pending")
+    run.set_defaults(handler=_run)
+    status = commands.add_parser("status", help="per-table progress and checks")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=_status)
+    demo = commands.add_parser("demo", help="generate sample events, run until idle, summarize")
+    demo.add_argument("--events", type=int, default=10_000)
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except LakehouseError as error:
+        print(f"lakehouse: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Assemble the Dagster definitions from the pipeline configuration (loaded by ``workspace.yaml``)."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from lakehouse_assets.config import LakehouseConfig, load_config
+from lakehouse_assets.defs import names
+from lakehouse_assets.defs.assets import staged_batches_asset, table_asset
+from lakehouse_assets.defs.checks import table_checks
+from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.defs.sensors import landing_sensor, staged_batches_sensor
+
+
+def build_definitions(config: LakehouseConfig) -> dg.Definitions:
+    """Per stream a writer asset, job and landing sensor; per table a committer asset, checks, job, sensor."""
+    assets: list[dg.AssetsDefinition] = []
+    asset_checks: list[dg.AssetChecksDefinition] = []
+    jobs = []
+    sensors: list[dg.SensorDefinition] = []
+    for stream in config.streams:
+        assets.append(staged_batches_asset(stream))
+        jobs.append(
+            dg.define_asset_job(
+                names.stage_job_name(stream.name),
+                selection=dg.AssetSelection.assets(
+                    names.staged_batches_key(stream.name)
+                ),
+                description=f"Stage one batch of stream {stream.name}.",
+            )
+        )
+        sensors.append(landing_sensor(stream))
+    for table_identifier, streams in config.tables().items():
+        assets.append(table_asset(table_identifier, streams))
+        asset_checks.extend(table_checks(table_identifier, streams))
+        jobs.append(
+            dg.define_asset_job(
+                names.commit_job_name(table_identifier),
+                selection=dg.AssetSelection.assets(names.table_key(table_identifier)),
+                description=f"Commit ready staged batches to {table_identifier} and check the commit.",
+            )
+        )
+        sensors.append(staged_batches_sensor(table_identifier, streams))
+    return dg.Definitions(
+        assets=assets,
+        asset_checks=asset_checks,
+        jobs=jobs,
+        sensors=sensors,
+        resources={"lakehouse": LakehouseResource(), "spark": SparkResource()},
+    )
+
+
+defs = build_definitions(load_config())

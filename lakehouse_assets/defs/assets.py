@@ -1,0 +1,133 @@
+"""The staged-batches asset of each stream (the writer) and the Iceberg table asset (the committer)."""
+
+from collections.abc import Iterator
+
+import dagster as dg
+
+from lakehouse_assets.committer import (
+    CommitResult,
+    commit_table,
+    dead_letter_identifier,
+)
+from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.defs import names
+from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.staging import stage_batch
+
+
+class StagedBatchConfig(dg.Config):
+    """The batch a writer run stages: its sequence and exact landing files, set by the sensor."""
+
+    sequence: int
+    files: list[str]
+
+
+def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
+    """The writer: stages one minted batch of ``stream`` invisibly to the table's readers."""
+
+    @dg.asset(
+        key=names.staged_batches_key(stream.name),
+        group_name=names.GROUP_NAME,
+        kinds={"spark", "parquet"},
+        description=f"Batches of stream `{stream.name}` staged for {stream.table_identifier}, not yet visible.",
+    )
+    def staged_batches(
+        context: dg.AssetExecutionContext,
+        config: StagedBatchConfig,
+        lakehouse: LakehouseResource,
+        spark: SparkResource,
+    ) -> dg.MaterializeResult:
+        outcome = stage_batch(
+            spark.session(lakehouse),
+            lakehouse.config(),
+            lakehouse.paths(),
+            lakehouse.config().stream(stream.name),
+            config.sequence,
+            expected_files=config.files,
+            run_id=context.run_id,
+        )
+        staged = outcome.staged
+        context.log.info(
+            f"batch {staged.sequence}: {staged.rows} rows staged, {staged.rejected} rejected"
+            + ("" if outcome.written_now else " (already staged by an earlier attempt)")
+        )
+        return dg.MaterializeResult(
+            metadata={
+                "sequence": staged.sequence,
+                "rows": staged.rows,
+                "rejected": staged.rejected,
+                "files": outcome.files,
+                "bytes": outcome.bytes,
+                "attempt": staged.attempt,
+                "written_by_this_run": outcome.written_now,
+                "max_event_time": staged.max_event_time or "",
+            }
+        )
+
+    return staged_batches
+
+
+def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:
+    """Numeric metadata Dagster plots per commit, plus the snapshot the checks must read."""
+    return {
+        "snapshot_id": str(result.snapshot_id),
+        "metadata_location": result.metadata_location,
+        "stream": result.stream,
+        "commit_sequence": result.last_sequence,
+        "batch_range": f"{result.first_sequence}-{result.last_sequence}",
+        "rows": result.rows,
+        "dead_letters": result.dead_letters,
+        "data_files_added": result.data_files_added,
+        "commit_latency_seconds": round(result.commit_latency_seconds, 3),
+        "lag_seconds": round(result.lag_seconds, 3),
+        "max_event_time": result.max_event_time or "",
+        "committer_epoch": result.epoch,
+        "dead_letter_table": dead_letter_identifier(result.table),
+    }
+
+
+def table_asset(
+    table_identifier: str, streams: list[StreamSpec]
+) -> dg.AssetsDefinition:
+    """The committer: publishes ready staged batches to ``table_identifier``, one commit per stream."""
+
+    @dg.asset(
+        key=names.table_key(table_identifier),
+        group_name=names.GROUP_NAME,
+        deps=[names.staged_batches_key(stream.name) for stream in streams],
+        kinds={"iceberg", "spark"},
+        pool=names.commit_pool(table_identifier),
+        output_required=False,
+        description=f"Iceberg table {table_identifier}; one materialization per commit.",
+    )
+    def iceberg_table(
+        context: dg.AssetExecutionContext,
+        lakehouse: LakehouseResource,
+        spark: SparkResource,
+    ) -> Iterator[dg.MaterializeResult]:
+        plans, results = commit_table(
+            spark.session(lakehouse),
+            lakehouse.config(),
+            lakehouse.paths(),
+            table_identifier,
+            context.run_id,
+        )
+        for plan in plans:
+            if plan.recovered:
+                context.log.info(
+                    f"stream {plan.stream}: batches {plan.recovered} were already in the table; marked committed"
+                )
+            if plan.waiting_on:
+                context.log.info(f"stream {plan.stream}: {plan.waiting_on}")
+        if not results:
+            context.log.info("nothing ready to commit; the table is unchanged")
+            return
+        for result in results[:-1]:
+            context.log_event(
+                dg.AssetMaterialization(
+                    context.asset_key, metadata=commit_metadata(result)
+                )
+            )
+        yield dg.MaterializeResult(metadata=commit_metadata(results[-1]))
+
+    return iceberg_table

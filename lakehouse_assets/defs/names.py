@@ -1,0 +1,49 @@
+"""Names of the Dagster objects built per stream and per table (asset keys mirror identifiers)."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+GROUP_NAME = "lakehouse"
+STAGING_PREFIX = "staging"
+STREAM_TAG = "lakehouse/stream"
+SEQUENCE_TAG = "lakehouse/sequence"
+TABLE_TAG = "lakehouse/table"
+
+SCHEMA_CHECK = "schema_matches_declared"
+ROW_COUNT_CHECK = "rows_reconcile_with_batches"
+SEQUENCE_CHECK = "batch_ranges_contiguous"
+DATA_FILES_CHECK = "data_files_unique"
+CHECK_NAMES = (SCHEMA_CHECK, ROW_COUNT_CHECK, SEQUENCE_CHECK, DATA_FILES_CHECK)
+
+
+def table_key(table_identifier: str) -> dg.AssetKey:
+    return dg.AssetKey(table_identifier.split("."))
+
+
+def staged_batches_key(stream: str) -> dg.AssetKey:
+    return dg.AssetKey([STAGING_PREFIX, stream])
+
+
+def staged_batches_op(stream: str) -> str:
+    return staged_batches_key(stream).to_python_identifier()
+
+
+def stage_job_name(stream: str) -> str:
+    return f"{stream}_stage_job"
+
+
+def commit_job_name(table_identifier: str) -> str:
+    return f"{table_identifier.replace('.', '_')}_commit_job"
+
+
+def landing_sensor_name(stream: str) -> str:
+    return f"{stream}_landing_sensor"
+
+
+def staged_sensor_name(table_identifier: str) -> str:
+    return f"{table_identifier.replace('.', '_')}_staged_batches_sensor"
+
+
+def commit_pool(table_identifier: str) -> str:
+    return f"iceberg_commit/{table_identifier}"

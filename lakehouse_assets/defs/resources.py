@@ -1,0 +1,30 @@
+"""Thin resources: where the lakehouse lives, and a Spark session started only when a run needs it."""
+
+from __future__ import annotations
+
+import dagster as dg
+from pyspark.sql import SparkSession
+
+from lakehouse_assets.config import LakehouseConfig, load_config
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.spark import lakehouse_session
+
+
+class LakehouseResource(dg.ConfigurableResource):
+    """The lakehouse home (``$LAKEHOUSE_HOME``) and configuration (``$LAKEHOUSE_CONFIG``)."""
+
+    drain: bool = False
+    """Cut every pending event into batches regardless of the flush triggers (``run --until-idle``)."""
+
+    def paths(self) -> LakehousePaths:
+        return LakehousePaths.from_env()
+
+    def config(self) -> LakehouseConfig:
+        return load_config()
+
+
+class SparkResource(dg.ConfigurableResource):
+    """A Spark session with catalog ``lake``; the JVM starts on first use, never at sensor ticks."""
+
+    def session(self, lakehouse: LakehouseResource) -> SparkSession:
+        return lakehouse_session(lakehouse.config(), lakehouse.paths())

@@ -1,0 +1,133 @@
+"""Sensors: landing files -> writer runs (micro-batches), staged batches -> committer runs."""
+
+import time
+
+import dagster as dg
+
+from lakehouse_assets.batch_ledger import MintedBatch, StreamLedger
+from lakehouse_assets.committer import plan_commit
+from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.defs import names
+from lakehouse_assets.defs.assets import StagedBatchConfig
+from lakehouse_assets.defs.resources import LakehouseResource
+from lakehouse_assets.micro_batching import mint_next_batch
+from lakehouse_assets.recovery import ancestry, committed_state
+from lakehouse_assets.table_metadata import load_committed_table
+
+MAX_BATCHES_PER_TICK = 16
+IN_PROGRESS = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+
+
+def writer_run_request(batch: MintedBatch) -> dg.RunRequest:
+    """The run that stages ``batch``: run key ``<stream>:<sequence>``, exact files as typed config."""
+    return dg.RunRequest(
+        run_key=f"{batch.stream}:{batch.sequence}",
+        run_config=dg.RunConfig(
+            ops={
+                names.staged_batches_op(batch.stream): StagedBatchConfig(
+                    sequence=batch.sequence, files=batch.files
+                )
+            }
+        ),
+        tags={names.STREAM_TAG: batch.stream, names.SEQUENCE_TAG: str(batch.sequence)},
+    )
+
+
+def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
+    """Cuts micro-batches of ``stream`` with the dual trigger and requests one writer run each.
+
+    Minted batches that are not staged yet are requested again every tick under the same run
+    key, so a lost request or a cursor moved back deduplicates instead of skipping a batch.
+    """
+
+    @dg.sensor(
+        name=names.landing_sensor_name(stream.name),
+        job_name=names.stage_job_name(stream.name),
+        minimum_interval_seconds=10,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Cuts batches of `{stream.name}` when flush.max_bytes or flush.max_age is reached.",
+    )
+    def _sensor(
+        context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
+    ) -> dg.SensorResult | dg.SkipReason:
+        config, paths = lakehouse.config(), lakehouse.paths()
+        current = config.stream(stream.name)
+        ledger = StreamLedger(paths.staging(stream.name))
+        requests = [
+            writer_run_request(r.minted) for r in ledger.batches() if r.staged is None
+        ]
+        reason = "no minted batch waits for staging"
+        for _ in range(MAX_BATCHES_PER_TICK):
+            batch, reason = mint_next_batch(
+                config, paths, current, drain=lakehouse.drain
+            )
+            if batch is None:
+                break
+            requests.append(writer_run_request(batch))
+        if not requests:
+            return dg.SkipReason(reason)
+        return dg.SensorResult(
+            run_requests=requests,
+            cursor=str(max(int(r.tags[names.SEQUENCE_TAG]) for r in requests)),
+        )
+
+    return _sensor
+
+
+def staged_batches_sensor(
+    table_identifier: str, streams: list[StreamSpec]
+) -> dg.SensorDefinition:
+    """Requests a committer run when staged batches are ready and ``commit_interval`` has passed."""
+
+    @dg.sensor(
+        name=names.staged_sensor_name(table_identifier),
+        job_name=names.commit_job_name(table_identifier),
+        minimum_interval_seconds=5,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Launches the committer of {table_identifier} when staged batches are ready.",
+    )
+    def _sensor(
+        context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
+    ) -> dg.RunRequest | dg.SkipReason:
+        config, paths = lakehouse.config(), lakehouse.paths()
+        table = load_committed_table(config, paths, table_identifier)
+        ready: dict[str, int] = {}
+        for stream in streams:
+            ledger = StreamLedger(paths.staging(stream.name))
+            plan = plan_commit(
+                ledger, stream.name, committed_state(table, stream.name).sequence
+            )
+            if plan.ready or plan.recovered:
+                ready[stream.name] = len(plan.ready)
+        if not ready:
+            return dg.SkipReason("no staged batches are ready to commit")
+        current = next(ancestry(table), None)
+        interval = min(stream.commit_interval for stream in streams)
+        since_commit = (
+            time.time() - current.timestamp_ms / 1000 if current else float("inf")
+        )
+        if since_commit < interval and not lakehouse.drain:
+            return dg.SkipReason(
+                f"commit_interval: {interval - since_commit:.1f}s until the next commit"
+            )
+        running = context.instance.get_runs(
+            filters=dg.RunsFilter(
+                job_name=names.commit_job_name(table_identifier), statuses=IN_PROGRESS
+            ),
+            limit=1,
+        )
+        if running:
+            return dg.SkipReason(
+                f"committer run {running[0].run_id} is still in progress"
+            )
+        summary = ", ".join(f"{name}: {count} batches" for name, count in ready.items())
+        return dg.RunRequest(
+            tags={names.TABLE_TAG: table_identifier, "lakehouse/ready": summary}
+        )
+
+    return _sensor

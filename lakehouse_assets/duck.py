@@ -1,0 +1,40 @@
+"""DuckDB with its Iceberg extension, loaded from the installed extension packages (no network)."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import duckdb
+
+EXTENSION_PACKAGES = (
+    ("avro", "duckdb_extension_avro"),
+    ("iceberg", "duckdb_extension_iceberg"),
+)
+
+
+def _extension_file(extension: str, package: str) -> str:
+    directory = resources.files(package).joinpath(
+        "extensions", f"v{duckdb.__version__}"
+    )
+    return str(directory.joinpath(f"{extension}.duckdb_extension"))
+
+
+def iceberg_connection() -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection that can run ``iceberg_scan`` and ``iceberg_metadata``."""
+    connection = duckdb.connect()
+    for extension, package in EXTENSION_PACKAGES:
+        connection.execute(f"INSTALL '{_extension_file(extension, package)}'")
+        connection.execute(f"LOAD {extension}")
+    return connection
+
+
+def scan(metadata_location: str, snapshot_id: int) -> str:
+    """SQL for the table's rows at exactly ``snapshot_id``, deletes applied."""
+    return (
+        f"iceberg_scan('{metadata_location}', snapshot_from_id => {int(snapshot_id)})"
+    )
+
+
+def manifest_entries(metadata_location: str, snapshot_id: int) -> str:
+    """SQL for the manifest entries (data and delete files) of ``snapshot_id``."""
+    return f"iceberg_metadata('{metadata_location}', snapshot_from_id => {int(snapshot_id)})"

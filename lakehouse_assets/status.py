@@ -1,0 +1,66 @@
+"""Per-table figures for ``lakehouse status``: committed sequence, snapshot, rows, pending work, checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+
+from lakehouse_assets.batch_ledger import StreamLedger
+from lakehouse_assets.config import LakehouseConfig
+from lakehouse_assets.defs import names
+from lakehouse_assets.micro_batching import pending_files
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.recovery import committed_state
+from lakehouse_assets.table_metadata import load_committed_table
+
+
+def _last_checks(instance: dg.DagsterInstance | None, table_identifier: str) -> dict[str, str]:
+    if instance is None:
+        return {}
+    results = {}
+    for check_name in names.CHECK_NAMES:
+        key = dg.AssetCheckKey(names.table_key(table_identifier), check_name)
+        record = instance.get_latest_asset_check_evaluation_record(key)
+        results[check_name] = record.status.value if record else "never run"
+    return results
+
+
+def lakehouse_status(
+    config: LakehouseConfig, paths: LakehousePaths, instance: dg.DagsterInstance | None
+) -> list[dict[str, Any]]:
+    """One entry per table with its streams' progress and the last check results."""
+    report = []
+    for table_identifier, streams in config.tables().items():
+        table = load_committed_table(config, paths, table_identifier)
+        snapshot = table.current_snapshot() if table else None
+        summary = snapshot.summary.additional_properties if snapshot and snapshot.summary else {}
+        stream_entries = []
+        for stream in streams:
+            ledger = StreamLedger(paths.staging(stream.name))
+            state = committed_state(table, stream.name)
+            open_batches = [r for r in ledger.batches() if r.sequence > state.sequence]
+            waiting = pending_files(paths, stream, ledger)
+            stream_entries.append(
+                {
+                    "stream": stream.name,
+                    "committed_sequence": state.sequence,
+                    "batches_minted": sum(1 for r in open_batches if r.status == "minted"),
+                    "batches_staged": sum(1 for r in open_batches if r.status == "staged"),
+                    "landing_files_pending": len(waiting),
+                    "landing_bytes_pending": sum(f.size for f in waiting),
+                }
+            )
+        report.append(
+            {
+                "table": table_identifier,
+                "exists": table is not None,
+                "snapshot_id": snapshot.snapshot_id if snapshot else None,
+                "rows": int(summary.get("total-records", 0)),
+                "data_files": int(summary.get("total-data-files", 0)),
+                "snapshots": len(table.metadata.snapshots) if table else 0,
+                "streams": stream_entries,
+                "last_checks": _last_checks(instance, table_identifier),
+            }
+        )
+    return report
