@@ -93,9 +93,7 @@ class BatchRecord:
         return self.directory / f"attempt-{self.staged.attempt}" / "rejects"
 
 
-def _write_json_atomically(
-    path: Path, payload: dict[str, Any], exclusive: bool
-) -> bool:
+def _write_json_atomically(path: Path, payload: dict[str, Any], exclusive: bool) -> bool:
     """Write ``path`` via a temporary file; with ``exclusive`` keep an existing file and return False."""
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     with open(temporary, "w") as handle:
@@ -151,9 +149,7 @@ class StreamLedger:
         """Every minted batch, in sequence order."""
         if not self.root.is_dir():
             return []
-        sequences = sorted(
-            int(entry.name) for entry in self.root.iterdir() if entry.name.isdigit()
-        )
+        sequences = sorted(int(entry.name) for entry in self.root.iterdir() if entry.name.isdigit())
         records = (self.batch(sequence) for sequence in sequences)
         return [record for record in records if record is not None]
 
@@ -172,9 +168,7 @@ class StreamLedger:
         try:
             directory.mkdir()
         except FileExistsError:
-            raise BatchConflictError(
-                f"stream {batch.stream!r}: batch {batch.sequence} was minted already"
-            ) from None
+            raise BatchConflictError(f"stream {batch.stream!r}: batch {batch.sequence} was minted already") from None
         _write_json_atomically(directory / BATCH_FILE, asdict(batch), exclusive=True)
 
     def new_attempt(self, sequence: int) -> tuple[str, Path]:
@@ -203,9 +197,5 @@ class StreamLedger:
         if not directory.is_dir():
             return
         for entry in directory.iterdir():
-            if (
-                entry.is_dir()
-                and entry.name.startswith("attempt-")
-                and entry.name != f"attempt-{keep}"
-            ):
+            if entry.is_dir() and entry.name.startswith("attempt-") and entry.name != f"attempt-{keep}":
                 shutil.rmtree(entry, ignore_errors=True)

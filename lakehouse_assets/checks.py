@@ -53,9 +53,7 @@ class CommittedSnapshot:
 
 
 def _duckdb_type(iceberg_type: str) -> str:
-    return DUCKDB_TYPE_BY_ICEBERG_TYPE.get(
-        iceberg_type, iceberg_type.upper().replace(" ", "")
-    )
+    return DUCKDB_TYPE_BY_ICEBERG_TYPE.get(iceberg_type, iceberg_type.upper().replace(" ", ""))
 
 
 def check_schema(
@@ -66,13 +64,9 @@ def check_schema(
     """The snapshot's columns, types and required flags are the declared ones, in order."""
     if not declared:
         return CheckOutcome(True, "no schema declared; the table's own schema is used")
-    described = connection.sql(
-        f"DESCRIBE SELECT * FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}"
-    )
+    described = connection.sql(f"DESCRIBE SELECT * FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}")
     actual = [(name, kind.replace(" ", "")) for name, kind, *_ in described.fetchall()]
-    expected = [
-        (column.name, _duckdb_type(column.type).replace(" ", "")) for column in declared
-    ]
+    expected = [(column.name, _duckdb_type(column.type).replace(" ", "")) for column in declared]
     iceberg_schema = snapshot.table().schema()
     required_actual = sorted(f.name for f in iceberg_schema.fields if f.required)
     required_expected = sorted(column.name for column in declared if column.required)
@@ -80,9 +74,7 @@ def check_schema(
     if actual != expected:
         problems.append(f"columns {actual} differ from declared {expected}")
     if required_actual != required_expected:
-        problems.append(
-            f"required columns {required_actual} differ from declared {required_expected}"
-        )
+        problems.append(f"required columns {required_actual} differ from declared {required_expected}")
     return CheckOutcome(
         not problems,
         "; ".join(problems) or "schema matches the declared columns",
@@ -104,17 +96,12 @@ def _lakehouse_summaries(snapshot: CommittedSnapshot) -> list[dict[str, str]]:
     return summaries[::-1]
 
 
-def check_row_count(
-    connection: duckdb.DuckDBPyConnection, snapshot: CommittedSnapshot
-) -> CheckOutcome:
+def check_row_count(connection: duckdb.DuckDBPyConnection, snapshot: CommittedSnapshot) -> CheckOutcome:
     """The snapshot holds exactly the rows its lakehouse commits staged (append-only tables)."""
     counted = connection.sql(
         f"SELECT count(*) FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}"
     ).fetchone()[0]
-    staged = sum(
-        int(summary.get(summary_keys.ROWS, "0"))
-        for summary in _lakehouse_summaries(snapshot)
-    )
+    staged = sum(int(summary.get(summary_keys.ROWS, "0")) for summary in _lakehouse_summaries(snapshot))
     return CheckOutcome(
         counted == staged,
         f"DuckDB counts {counted} rows; the committed batches staged {staged}",
@@ -133,9 +120,7 @@ def check_sequence_ranges(snapshot: CommittedSnapshot) -> CheckOutcome:
         ranges[stream].append(summary[summary_keys.BATCH_RANGE])
         if first != next_expected[stream] or last < first:
             kind = "gap" if first > next_expected[stream] else "overlap or repeat"
-            problems.append(
-                f"stream {stream}: {kind}: range {first}-{last} after {next_expected[stream] - 1}"
-            )
+            problems.append(f"stream {stream}: {kind}: range {first}-{last} after {next_expected[stream] - 1}")
         next_expected[stream] = max(next_expected[stream], last + 1)
     return CheckOutcome(
         not problems,
@@ -144,9 +129,7 @@ def check_sequence_ranges(snapshot: CommittedSnapshot) -> CheckOutcome:
     )
 
 
-def check_unique_data_files(
-    connection: duckdb.DuckDBPyConnection, snapshot: CommittedSnapshot
-) -> CheckOutcome:
+def check_unique_data_files(connection: duckdb.DuckDBPyConnection, snapshot: CommittedSnapshot) -> CheckOutcome:
     """No live data file is referenced twice by the snapshot's manifests."""
     entries = manifest_entries(snapshot.metadata_location, snapshot.snapshot_id)
     duplicates = connection.sql(

@@ -64,12 +64,16 @@ def _run(args: argparse.Namespace) -> int:
 
 def _print_status(entries: list[dict]) -> None:
     for entry in entries:
-        print(f"{entry['table']}: snapshot {entry['snapshot_id']}, {entry['rows']} rows, "
-              f"{entry['data_files']} data files, {entry['snapshots']} snapshots")
+        print(
+            f"{entry['table']}: snapshot {entry['snapshot_id']}, {entry['rows']} rows, "
+            f"{entry['data_files']} data files, {entry['snapshots']} snapshots"
+        )
         for stream in entry["streams"]:
-            print(f"  stream {stream['stream']}: committed through batch {stream['committed_sequence']}; "
-                  f"{stream['batches_staged']} staged and {stream['batches_minted']} minted batches waiting; "
-                  f"{stream['landing_files_pending']} landing files ({stream['landing_bytes_pending']} bytes) not batched")
+            print(
+                f"  stream {stream['stream']}: committed through batch {stream['committed_sequence']}; "
+                f"{stream['batches_staged']} staged and {stream['batches_minted']} minted batches waiting; "
+                f"{stream['landing_files_pending']} landing files ({stream['landing_bytes_pending']} bytes) not batched"
+            )
         for check, status in entry["last_checks"].items():
             print(f"  check {check}: {status}")
 

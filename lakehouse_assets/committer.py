@@ -72,16 +72,10 @@ class CommitPlan:
     waiting_on: str | None = None
 
 
-def plan_commit(
-    ledger: StreamLedger, stream: str, committed_sequence: int
-) -> CommitPlan:
+def plan_commit(ledger: StreamLedger, stream: str, committed_sequence: int) -> CommitPlan:
     """Which staged batches come next, in order, given what the ancestry says is committed."""
     records = ledger.batches()
-    recovered = [
-        r.sequence
-        for r in records
-        if r.sequence <= committed_sequence and not r.committed
-    ]
+    recovered = [r.sequence for r in records if r.sequence <= committed_sequence and not r.committed]
     ready: list[BatchRecord] = []
     waiting_on = None
     expected = committed_sequence + 1
@@ -107,13 +101,9 @@ def _summary_properties(
     return {
         summary_keys.STREAM: stream.name,
         summary_keys.COMMIT_SEQUENCE: str(batches[-1].sequence),
-        summary_keys.BATCH_RANGE: summary_keys.format_batch_range(
-            batches[0].sequence, batches[-1].sequence
-        ),
+        summary_keys.BATCH_RANGE: summary_keys.format_batch_range(batches[0].sequence, batches[-1].sequence),
         summary_keys.ROWS: str(rows),
-        summary_keys.SOURCE_OFFSETS: json.dumps(
-            {"files": len(files), "first": files[0], "last": files[-1]}
-        ),
+        summary_keys.SOURCE_OFFSETS: json.dumps({"files": len(files), "first": files[0], "last": files[-1]}),
         summary_keys.MAX_EVENT_TIME: max(event_times) if event_times else "",
         summary_keys.COMMITTER_EPOCH: str(epoch),
         summary_keys.COMMITTER_RUN: run_id,
@@ -128,10 +118,7 @@ def _append(frame: DataFrame, identifier: str, properties: dict[str, str]) -> No
 
 
 def _ensure_dead_letter_table(spark: SparkSession, identifier: str) -> None:
-    properties = ", ".join(
-        f"'{k}' = '{v}'"
-        for k, v in {"format-version": "2", **MANAGED_TABLE_PROPERTIES}.items()
-    )
+    properties = ", ".join(f"'{k}' = '{v}'" for k, v in {"format-version": "2", **MANAGED_TABLE_PROPERTIES}.items())
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {qualified_name(identifier)} ("
         "event string, reason string, stream string, batch_sequence bigint, source_file string, "
@@ -153,14 +140,8 @@ def _commit_dead_letters(
     if count == 0:
         return 0
     _ensure_dead_letter_table(spark, identifier)
-    already = committed_state(
-        load_committed_table(config, paths, identifier), stream.name
-    ).sequence
-    pending = [
-        record
-        for record in batches
-        if record.sequence > already and record.staged.rejected
-    ]
+    already = committed_state(load_committed_table(config, paths, identifier), stream.name).sequence
+    pending = [record for record in batches if record.sequence > already and record.staged.rejected]
     if not pending:
         return count
     frames = [
@@ -178,9 +159,7 @@ def _commit_dead_letters(
     for frame in frames[1:]:
         union = union.unionByName(frame)
     rows = sum(record.staged.rejected for record in pending)
-    _append(
-        union, identifier, _summary_properties(stream, pending, rows, epoch, run_id)
-    )
+    _append(union, identifier, _summary_properties(stream, pending, rows, epoch, run_id))
     return count
 
 
@@ -207,13 +186,9 @@ def _commit_stream(
 
     started = time.monotonic()
     batches = plan.ready
-    dead_letters = _commit_dead_letters(
-        spark, config, paths, stream, batches, epoch, run_id
-    )
+    dead_letters = _commit_dead_letters(spark, config, paths, stream, batches, epoch, run_id)
     columns = spark.table(qualified_name(identifier)).columns
-    frame = spark.read.parquet(*[str(record.rows_path()) for record in batches]).select(
-        *columns
-    )
+    frame = spark.read.parquet(*[str(record.rows_path()) for record in batches]).select(*columns)
     rows = sum(record.staged.rows for record in batches)
     properties = _summary_properties(stream, batches, rows, epoch, run_id)
     append_error: Exception | None = None
@@ -250,17 +225,14 @@ def _commit_stream(
         dead_letters=dead_letters,
         data_files_added=int(summary.get("added-data-files", "0")),
         commit_latency_seconds=time.monotonic() - started,
-        lag_seconds=committed_at
-        - min(record.minted.oldest_landed_at for record in batches),
+        lag_seconds=committed_at - min(record.minted.oldest_landed_at for record in batches),
         max_event_time=properties[summary_keys.MAX_EVENT_TIME] or None,
         epoch=epoch,
     )
     return plan, result
 
 
-def next_epoch(
-    config: LakehouseConfig, paths: LakehousePaths, table_identifier: str
-) -> int:
+def next_epoch(config: LakehouseConfig, paths: LakehousePaths, table_identifier: str) -> int:
     """A committer's epoch: one more than the newest epoch in the table's ancestry."""
     table = load_committed_table(config, paths, table_identifier)
     return committed_state(table, "").epoch + 1

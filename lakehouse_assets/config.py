@@ -41,9 +41,7 @@ PRIMITIVE_TYPES = (
     "binary",
 )
 DECIMAL_TYPE = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
-PARTITION_TRANSFORM = re.compile(
-    r"^(identity|year|month|day|hour|bucket\[\d+\]|truncate\[\d+\])$"
-)
+PARTITION_TRANSFORM = re.compile(r"^(identity|year|month|day|hour|bucket\[\d+\]|truncate\[\d+\])$")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 DURATION_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -77,9 +75,7 @@ class ColumnSpec(_Strict):
         type_name = value.strip().lower()
         if type_name in PRIMITIVE_TYPES or DECIMAL_TYPE.match(type_name):
             return type_name
-        raise ValueError(
-            f"unsupported type {value!r}; supported: {', '.join(PRIMITIVE_TYPES)}, decimal(P,S)"
-        )
+        raise ValueError(f"unsupported type {value!r}; supported: {', '.join(PRIMITIVE_TYPES)}, decimal(P,S)")
 
 
 class PartitionFieldSpec(_Strict):
@@ -93,8 +89,7 @@ class PartitionFieldSpec(_Strict):
     def _known_transform(cls, value: str) -> str:
         if not PARTITION_TRANSFORM.match(value):
             raise ValueError(
-                f"unsupported transform {value!r}; use identity, year, month, day, hour, "
-                "bucket[N] or truncate[W]"
+                f"unsupported transform {value!r}; use identity, year, month, day, hour, bucket[N] or truncate[W]"
             )
         return value
 
@@ -113,9 +108,7 @@ class SchemaSpec(_Strict):
             raise ValueError(f"duplicate column names: {', '.join(duplicates)}")
         for field in self.partition_spec:
             if field.column not in names:
-                raise ValueError(
-                    f"partition_spec names column {field.column!r}, which is not declared"
-                )
+                raise ValueError(f"partition_spec names column {field.column!r}, which is not declared")
         return self
 
 
@@ -152,9 +145,7 @@ class StreamSpec(_Strict):
     """One event stream and the Iceberg table it writes."""
 
     name: str
-    source: SourceSpec = Field(
-        default_factory=lambda: SourceSpec(landing=LandingSourceSpec())
-    )
+    source: SourceSpec = Field(default_factory=lambda: SourceSpec(landing=LandingSourceSpec()))
     table_identifier: str
     operation: str | None = None
     identifier_columns: list[str] | None = None
@@ -173,9 +164,7 @@ class StreamSpec(_Strict):
     @classmethod
     def _stream_name(cls, value: str) -> str:
         if not STREAM_NAME.match(value):
-            raise ValueError(
-                f"invalid stream name {value!r}: use lower case letters, digits and _"
-            )
+            raise ValueError(f"invalid stream name {value!r}: use lower case letters, digits and _")
         return value
 
     @field_validator("commit_interval", mode="before")
@@ -194,9 +183,7 @@ class StreamSpec(_Strict):
     @classmethod
     def _static_identifier(cls, value: str) -> str:
         if "${" in value:
-            raise ValueError(
-                "dynamic table identifiers are not supported yet; name one table"
-            )
+            raise ValueError("dynamic table identifiers are not supported yet; name one table")
         parts = value.split(".")
         if len(parts) < 2 or not all(IDENTIFIER_PART.match(part) for part in parts):
             raise ValueError(f"{value!r} is not of the form namespace.table")
@@ -206,9 +193,7 @@ class StreamSpec(_Strict):
     @classmethod
     def _append_only(cls, value: str | None) -> str | None:
         if value is not None:
-            raise ValueError(
-                "row-level operations are not supported yet; remove the key to append"
-            )
+            raise ValueError("row-level operations are not supported yet; remove the key to append")
         return value
 
     @field_validator("schema_evolution")
@@ -222,14 +207,10 @@ class StreamSpec(_Strict):
     def _event_time_column_declared(self) -> StreamSpec:
         columns = {column.name: column.type for column in self.table_schema.columns}
         if self.auto_create and not columns:
-            raise ValueError(
-                "schema.columns: auto_create needs declared columns (inference is not supported yet)"
-            )
+            raise ValueError("schema.columns: auto_create needs declared columns (inference is not supported yet)")
         if self.event_time_column is not None and columns:
             if columns.get(self.event_time_column) not in ("timestamp", "timestamptz"):
-                raise ValueError(
-                    f"event_time_column: {self.event_time_column!r} is not a declared timestamp column"
-                )
+                raise ValueError(f"event_time_column: {self.event_time_column!r} is not a declared timestamp column")
         return self
 
     @property
@@ -297,17 +278,11 @@ def _describe_error(raw: Any, error: dict[str, Any]) -> str:
         index = location[1]
         streams = raw.get("streams") if isinstance(raw, dict) else None
         name = None
-        if (
-            isinstance(streams, list)
-            and index < len(streams)
-            and isinstance(streams[index], dict)
-        ):
+        if isinstance(streams, list) and index < len(streams) and isinstance(streams[index], dict):
             name = streams[index].get("name")
         prefix = f"stream {name!r}: " if name else f"stream #{index + 1}: "
         location = location[2:]
-    key = ".".join(
-        str(part) for part in location if not str(part).startswith("function-")
-    )
+    key = ".".join(str(part) for part in location if not str(part).startswith("function-"))
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         message = "unknown key"
@@ -339,11 +314,7 @@ def load_config() -> LakehouseConfig:
     """Load and validate the configuration, or the packaged demo configuration when there is none."""
     path = config_path()
     if path is None:
-        text = (
-            resources.files("lakehouse_assets")
-            .joinpath(DEMO_CONFIG_RESOURCE)
-            .read_text()
-        )
+        text = resources.files("lakehouse_assets").joinpath(DEMO_CONFIG_RESOURCE).read_text()
         origin = f"packaged {DEMO_CONFIG_RESOURCE}"
     else:
         text = path.read_text()

@@ -49,14 +49,10 @@ def _coerce(raw: Column, data_type: T.DataType) -> Column:
         return raw
     if isinstance(data_type, (T.TimestampType, T.TimestampNTZType)):
         from_millis = F.timestamp_millis(trimmed.cast("long")).cast(data_type)
-        return F.when(raw.rlike(INTEGER_TEXT), from_millis).otherwise(
-            trimmed.cast(data_type)
-        )
+        return F.when(raw.rlike(INTEGER_TEXT), from_millis).otherwise(trimmed.cast(data_type))
     if isinstance(data_type, T.DateType):
         from_days = F.date_add(F.lit("1970-01-01").cast("date"), trimmed.cast("int"))
-        return F.when(raw.rlike(INTEGER_TEXT), from_days).otherwise(
-            trimmed.cast("date")
-        )
+        return F.when(raw.rlike(INTEGER_TEXT), from_days).otherwise(trimmed.cast("date"))
     if isinstance(data_type, T.BinaryType):
         return F.unbase64(trimmed)
     return trimmed.cast(data_type)
@@ -106,16 +102,12 @@ def convert_events(lines: DataFrame, table_schema: T.StructType) -> DataFrame:
 
     ``lines`` has one row per NDJSON line in column ``value`` (``spark.read.text``).
     """
-    text_schema = T.StructType(
-        [T.StructField(field.name, T.StringType()) for field in table_schema]
-    )
+    text_schema = T.StructType([T.StructField(field.name, T.StringType()) for field in table_schema])
     parsed = (
         lines.where(F.trim(F.col("value")) != "")
         .select(
             F.col("value").alias(EVENT_COLUMN),
-            F.element_at(F.split(F.input_file_name(), "/"), -1).alias(
-                SOURCE_FILE_COLUMN
-            ),
+            F.element_at(F.split(F.input_file_name(), "/"), -1).alias(SOURCE_FILE_COLUMN),
         )
         .withColumn(_RAW, F.from_json(F.col(EVENT_COLUMN), text_schema))
     )
@@ -123,21 +115,14 @@ def convert_events(lines: DataFrame, table_schema: T.StructType) -> DataFrame:
         EVENT_COLUMN,
         SOURCE_FILE_COLUMN,
         _RAW,
-        *[
-            _coerce(F.col(f"{_RAW}.`{field.name}`"), field.dataType).alias(field.name)
-            for field in table_schema
-        ],
+        *[_coerce(F.col(f"{_RAW}.`{field.name}`"), field.dataType).alias(field.name) for field in table_schema],
     )
-    return converted.withColumn(
-        REASON_COLUMN, _rejection_reason(list(table_schema))
-    ).drop(_RAW)
+    return converted.withColumn(REASON_COLUMN, _rejection_reason(list(table_schema))).drop(_RAW)
 
 
 def accepted_rows(converted: DataFrame, table_schema: T.StructType) -> DataFrame:
     """The rows to stage, in the table's column order."""
-    return converted.where(F.col(REASON_COLUMN).isNull()).select(
-        *[F.col(f"`{field.name}`") for field in table_schema]
-    )
+    return converted.where(F.col(REASON_COLUMN).isNull()).select(*[F.col(f"`{field.name}`") for field in table_schema])
 
 
 def rejected_events(converted: DataFrame) -> DataFrame:

@@ -23,9 +23,7 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
         jobs.append(
             dg.define_asset_job(
                 names.stage_job_name(stream.name),
-                selection=dg.AssetSelection.assets(
-                    names.staged_batches_key(stream.name)
-                ),
+                selection=dg.AssetSelection.assets(names.staged_batches_key(stream.name)),
                 description=f"Stage one batch of stream {stream.name}.",
             )
         )

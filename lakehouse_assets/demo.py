@@ -24,12 +24,14 @@ def sample_orders(count: int, first_order_id: int = 1, seed: int = DEMO_SEED) ->
     rng = random.Random(seed)
     start = datetime.now(timezone.utc) - timedelta(days=3)
     lines = [
-        json.dumps({
-            "order_id": first_order_id + index,
-            "customer_id": rng.randint(1, 500),
-            "amount": round(rng.uniform(5, 500), 2),
-            "ts": (start + timedelta(seconds=rng.randint(0, 3 * 86400))).isoformat(),
-        })
+        json.dumps(
+            {
+                "order_id": first_order_id + index,
+                "customer_id": rng.randint(1, 500),
+                "amount": round(rng.uniform(5, 500), 2),
+                "ts": (start + timedelta(seconds=rng.randint(0, 3 * 86400))).isoformat(),
+            }
+        )
         for index in range(count)
     ]
     lines.append(json.dumps({"customer_id": 1, "amount": "n/a", "note": "no order_id: a dead letter"}))
@@ -56,6 +58,8 @@ def run_demo(events: int) -> int:
         for check, result in entry["last_checks"].items():
             print(f"  check {check}: {result}")
     print(f"{len(report.succeeded)} runs succeeded, {len(report.failed)} failed")
-    print(f"Open the Dagster UI on the same instance: make ui "
-          f"(DAGSTER_HOME={os.environ['DAGSTER_HOME']} dagster dev -w workspace.yaml)")
+    print(
+        f"Open the Dagster UI on the same instance: make ui "
+        f"(DAGSTER_HOME={os.environ['DAGSTER_HOME']} dagster dev -w workspace.yaml)"
+    )
     return 1 if report.failed else 0

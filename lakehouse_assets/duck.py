@@ -13,9 +13,7 @@ EXTENSION_PACKAGES = (
 
 
 def _extension_file(extension: str, package: str) -> str:
-    directory = resources.files(package).joinpath(
-        "extensions", f"v{duckdb.__version__}"
-    )
+    directory = resources.files(package).joinpath("extensions", f"v{duckdb.__version__}")
     return str(directory.joinpath(f"{extension}.duckdb_extension"))
 
 
@@ -30,9 +28,7 @@ def iceberg_connection() -> duckdb.DuckDBPyConnection:
 
 def scan(metadata_location: str, snapshot_id: int) -> str:
     """SQL for the table's rows at exactly ``snapshot_id``, deletes applied."""
-    return (
-        f"iceberg_scan('{metadata_location}', snapshot_from_id => {int(snapshot_id)})"
-    )
+    return f"iceberg_scan('{metadata_location}', snapshot_from_id => {int(snapshot_id)})"
 
 
 def manifest_entries(metadata_location: str, snapshot_id: int) -> str:

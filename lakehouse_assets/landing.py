@@ -76,13 +76,9 @@ def _validated_lines(lines: Iterable[bytes | str], origin: str) -> list[bytes]:
         try:
             event = json.loads(text)
         except json.JSONDecodeError as error:
-            raise IngestError(
-                f"{origin} line {number}: not valid JSON ({error.msg}); nothing was landed"
-            ) from None
+            raise IngestError(f"{origin} line {number}: not valid JSON ({error.msg}); nothing was landed") from None
         if not isinstance(event, dict):
-            raise IngestError(
-                f"{origin} line {number}: expected a JSON object; nothing was landed"
-            )
+            raise IngestError(f"{origin} line {number}: expected a JSON object; nothing was landed")
         accepted.append(text.rstrip("\r\n").encode("utf-8") + b"\n")
     return accepted
 

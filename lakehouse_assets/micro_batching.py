@@ -27,9 +27,7 @@ class FlushDecision:
     reason: str
 
 
-def decide_flush(
-    pending: list[LandingFile], stream: StreamSpec, now: float, drain: bool = False
-) -> FlushDecision:
+def decide_flush(pending: list[LandingFile], stream: StreamSpec, now: float, drain: bool = False) -> FlushDecision:
     """Apply the dual trigger to the pending files; ``drain`` cuts whatever is pending."""
     if not pending:
         return FlushDecision([], "no pending events")
@@ -58,16 +56,10 @@ def decide_flush(
     return FlushDecision(chosen, reason)
 
 
-def pending_files(
-    paths: LakehousePaths, stream: StreamSpec, ledger: StreamLedger
-) -> list[LandingFile]:
+def pending_files(paths: LakehousePaths, stream: StreamSpec, ledger: StreamLedger) -> list[LandingFile]:
     """Landed files that no minted batch holds yet."""
     claimed = ledger.claimed_files()
-    return [
-        landed
-        for landed in list_landing_files(landing_dir(paths, stream))
-        if landed.name not in claimed
-    ]
+    return [landed for landed in list_landing_files(landing_dir(paths, stream)) if landed.name not in claimed]
 
 
 def mint_next_batch(
@@ -86,16 +78,11 @@ def mint_next_batch(
     ledger = StreamLedger(paths.staging(stream.name))
     with exclusive_lock(stream_lock_file(paths.locks, stream.name)):
         now = time.time() if now is None else now
-        decision = decide_flush(
-            pending_files(paths, stream, ledger), stream, now, drain
-        )
+        decision = decide_flush(pending_files(paths, stream, ledger), stream, now, drain)
         if not decision.files:
             return None, decision.reason
         table = load_committed_table(config, paths, stream.table_identifier)
-        sequence = (
-            max(ledger.highest_sequence(), committed_state(table, stream.name).sequence)
-            + 1
-        )
+        sequence = max(ledger.highest_sequence(), committed_state(table, stream.name).sequence) + 1
         batch = MintedBatch(
             stream=stream.name,
             sequence=sequence,

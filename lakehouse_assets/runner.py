@@ -30,9 +30,7 @@ class IdleRunReport:
 
 
 def _already_requested(instance: dg.DagsterInstance, sensor_name: str, run_key: str) -> bool:
-    runs = instance.get_runs(
-        filters=dg.RunsFilter(tags={RUN_KEY_TAG: run_key, SENSOR_NAME_TAG: sensor_name}), limit=1
-    )
+    runs = instance.get_runs(filters=dg.RunsFilter(tags={RUN_KEY_TAG: run_key, SENSOR_NAME_TAG: sensor_name}), limit=1)
     return bool(runs)
 
 

@@ -28,9 +28,7 @@ DRIVER_MEMORY_ENV = "LAKEHOUSE_SPARK_DRIVER_MEMORY"
 
 def iceberg_runtime_jar() -> str:
     """Path of the Iceberg Spark runtime jar shipped by the ``snowpark-connect-deps-iceberg`` package."""
-    return str(
-        resources.files(ICEBERG_JAR_PACKAGE).joinpath("jars", ICEBERG_RUNTIME_JAR)
-    )
+    return str(resources.files(ICEBERG_JAR_PACKAGE).joinpath("jars", ICEBERG_RUNTIME_JAR))
 
 
 def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
@@ -86,4 +84,7 @@ def lakehouse_session(config: LakehouseConfig, paths: LakehousePaths) -> SparkSe
     session = root.newSession()
     for key, value in catalog_conf(config, paths).items():
         session.conf.set(key, value)
+    # Iceberg's JVM helpers (Spark3Util, CommitMetadata) resolve catalogs through the thread's
+    # active session, which Spark sets only inside its own SQL and DataFrame calls.
+    session._jvm.SparkSession.setActiveSession(session._jsparkSession)
     return session

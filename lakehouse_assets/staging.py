@@ -54,9 +54,7 @@ def stage_batch(
     ledger = StreamLedger(paths.staging(stream.name))
     record = ledger.batch(sequence)
     if record is None:
-        raise LakehouseError(
-            f"stream {stream.name!r}: batch {sequence} was never minted"
-        )
+        raise LakehouseError(f"stream {stream.name!r}: batch {sequence} was never minted")
     minted = record.minted
     if expected_files is not None and list(expected_files) != list(minted.files):
         raise LakehouseError(
@@ -78,9 +76,7 @@ def stage_batch(
 
     attempt, attempt_dir = ledger.new_attempt(sequence)
     lines = spark.read.text([str(directory / name) for name in minted.files])
-    converted = convert_events(lines, table_schema).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
+    converted = convert_events(lines, table_schema).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         accepted_rows(converted, table_schema).write.parquet(str(attempt_dir / "rows"))
         rejected_events(converted).write.parquet(str(attempt_dir / "rejects"))
@@ -91,9 +87,7 @@ def stage_batch(
     event_time_column = stream.resolved_event_time_column()
     min_time = max_time = None
     if event_time_column and event_time_column in staged_rows.columns:
-        bounds = staged_rows.agg(
-            F.min(event_time_column), F.max(event_time_column)
-        ).first()
+        bounds = staged_rows.agg(F.min(event_time_column), F.max(event_time_column)).first()
         min_time, max_time = bounds[0], bounds[1]
     staged = StagedBatch(
         sequence=sequence,

@@ -28,16 +28,12 @@ def warehouse_location(config: LakehouseConfig, paths: LakehousePaths) -> str:
     return config.catalog.get("warehouse") or str(paths.warehouse)
 
 
-def _hadoop_table_dir(
-    config: LakehouseConfig, paths: LakehousePaths, identifier: str
-) -> Path:
+def _hadoop_table_dir(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> Path:
     warehouse = warehouse_location(config, paths).removeprefix("file://")
     return Path(warehouse, *identifier.split("."))
 
 
-def current_metadata_location(
-    config: LakehouseConfig, paths: LakehousePaths, identifier: str
-) -> str | None:
+def current_metadata_location(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> str | None:
     """The table's current metadata file, or None when the table does not exist."""
     if is_hadoop_catalog(config):
         metadata_dir = _hadoop_table_dir(config, paths, identifier) / "metadata"
@@ -51,18 +47,12 @@ def current_metadata_location(
         return str(metadata_dir / f"v{version}.metadata.json")
     properties = {key: value for key, value in config.catalog.items()}
     try:
-        return (
-            load_catalog(CATALOG_NAME, **properties)
-            .load_table(identifier)
-            .metadata_location
-        )
+        return load_catalog(CATALOG_NAME, **properties).load_table(identifier).metadata_location
     except NoSuchTableError:
         return None
 
 
-def load_committed_table(
-    config: LakehouseConfig, paths: LakehousePaths, identifier: str
-) -> Table | None:
+def load_committed_table(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> Table | None:
     """The table as last committed, read-only, or None when it does not exist."""
     location = current_metadata_location(config, paths, identifier)
     return StaticTable.from_metadata(location) if location else None

@@ -57,16 +57,12 @@ def create_table_statement(stream: StreamSpec) -> str:
     )
     statement = f"CREATE TABLE IF NOT EXISTS {qualified_name(stream.table_identifier)} (\n  {columns}\n) USING iceberg"
     if stream.table_schema.partition_spec:
-        partitions = ", ".join(
-            _partition_expression(field) for field in stream.table_schema.partition_spec
-        )
+        partitions = ", ".join(_partition_expression(field) for field in stream.table_schema.partition_spec)
         statement += f"\nPARTITIONED BY ({partitions})"
     if stream.table_location:
         statement += f"\nLOCATION '{stream.table_location}'"
     properties = {**stream.table_properties, **MANAGED_TABLE_PROPERTIES}
-    rendered = ", ".join(
-        f"'{key}' = '{value}'" for key, value in sorted(properties.items())
-    )
+    rendered = ", ".join(f"'{key}' = '{value}'" for key, value in sorted(properties.items()))
     return statement + f"\nTBLPROPERTIES ({rendered})"
 
 

@@ -44,7 +44,7 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
             lakehouse.config().stream(stream.name),
             config.sequence,
             expected_files=config.files,
-            run_id=context.run_id,
+            run_id=context.run.run_id,
         )
         staged = outcome.staged
         context.log.info(
@@ -86,9 +86,7 @@ def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:
     }
 
 
-def table_asset(
-    table_identifier: str, streams: list[StreamSpec]
-) -> dg.AssetsDefinition:
+def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDefinition:
     """The committer: publishes ready staged batches to ``table_identifier``, one commit per stream."""
 
     @dg.asset(
@@ -110,7 +108,7 @@ def table_asset(
             lakehouse.config(),
             lakehouse.paths(),
             table_identifier,
-            context.run_id,
+            context.run.run_id,
         )
         for plan in plans:
             if plan.recovered:
@@ -123,11 +121,7 @@ def table_asset(
             context.log.info("nothing ready to commit; the table is unchanged")
             return
         for result in results[:-1]:
-            context.log_event(
-                dg.AssetMaterialization(
-                    context.asset_key, metadata=commit_metadata(result)
-                )
-            )
+            context.log_event(dg.AssetMaterialization(context.asset_key, metadata=commit_metadata(result)))
         yield dg.MaterializeResult(metadata=commit_metadata(results[-1]))
 
     return iceberg_table

@@ -8,15 +8,11 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.duck import iceberg_connection
 
 
-def committed_snapshot(
-    context: dg.AssetCheckExecutionContext, asset_key: dg.AssetKey
-) -> checks.CommittedSnapshot:
+def committed_snapshot(context: dg.AssetCheckExecutionContext, asset_key: dg.AssetKey) -> checks.CommittedSnapshot:
     """The snapshot recorded by the latest materialization of ``asset_key``."""
     event = context.instance.get_latest_materialization_event(asset_key)
     if event is None or event.asset_materialization is None:
-        raise dg.Failure(
-            f"{asset_key.to_user_string()} has no committed snapshot to check yet"
-        )
+        raise dg.Failure(f"{asset_key.to_user_string()} has no committed snapshot to check yet")
     metadata = event.asset_materialization.metadata
     return checks.CommittedSnapshot(
         metadata_location=metadata["metadata_location"].value,
@@ -24,9 +20,7 @@ def committed_snapshot(
     )
 
 
-def _result(
-    outcome: checks.CheckOutcome, snapshot: checks.CommittedSnapshot
-) -> dg.AssetCheckResult:
+def _result(outcome: checks.CheckOutcome, snapshot: checks.CommittedSnapshot) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         passed=outcome.passed,
         description=outcome.description,
@@ -38,9 +32,7 @@ def _result(
     )
 
 
-def table_checks(
-    table_identifier: str, streams: list[StreamSpec]
-) -> list[dg.AssetChecksDefinition]:
+def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.AssetChecksDefinition]:
     """The four commit checks of one table, each reading the committed snapshot with DuckDB."""
     asset_key = names.table_key(table_identifier)
     declared = streams[0].table_schema.columns
@@ -55,9 +47,7 @@ def table_checks(
         context: dg.AssetCheckExecutionContext,
     ) -> dg.AssetCheckResult:
         snapshot = committed_snapshot(context, asset_key)
-        return _result(
-            checks.check_schema(iceberg_connection(), snapshot, declared), snapshot
-        )
+        return _result(checks.check_schema(iceberg_connection(), snapshot, declared), snapshot)
 
     @dg.asset_check(
         asset=asset_key,
@@ -93,9 +83,7 @@ def table_checks(
         context: dg.AssetCheckExecutionContext,
     ) -> dg.AssetCheckResult:
         snapshot = committed_snapshot(context, asset_key)
-        return _result(
-            checks.check_unique_data_files(iceberg_connection(), snapshot), snapshot
-        )
+        return _result(checks.check_unique_data_files(iceberg_connection(), snapshot), snapshot)
 
     return [
         schema_matches_declared,

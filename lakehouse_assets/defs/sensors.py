@@ -28,11 +28,7 @@ def writer_run_request(batch: MintedBatch) -> dg.RunRequest:
     return dg.RunRequest(
         run_key=f"{batch.stream}:{batch.sequence}",
         run_config=dg.RunConfig(
-            ops={
-                names.staged_batches_op(batch.stream): StagedBatchConfig(
-                    sequence=batch.sequence, files=batch.files
-                )
-            }
+            ops={names.staged_batches_op(batch.stream): StagedBatchConfig(sequence=batch.sequence, files=batch.files)}
         ),
         tags={names.STREAM_TAG: batch.stream, names.SEQUENCE_TAG: str(batch.sequence)},
     )
@@ -52,20 +48,14 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Cuts batches of `{stream.name}` when flush.max_bytes or flush.max_age is reached.",
     )
-    def _sensor(
-        context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
-    ) -> dg.SensorResult | dg.SkipReason:
+    def _sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource) -> dg.SensorResult | dg.SkipReason:
         config, paths = lakehouse.config(), lakehouse.paths()
         current = config.stream(stream.name)
         ledger = StreamLedger(paths.staging(stream.name))
-        requests = [
-            writer_run_request(r.minted) for r in ledger.batches() if r.staged is None
-        ]
+        requests = [writer_run_request(r.minted) for r in ledger.batches() if r.staged is None]
         reason = "no minted batch waits for staging"
         for _ in range(MAX_BATCHES_PER_TICK):
-            batch, reason = mint_next_batch(
-                config, paths, current, drain=lakehouse.drain
-            )
+            batch, reason = mint_next_batch(config, paths, current, drain=lakehouse.drain)
             if batch is None:
                 break
             requests.append(writer_run_request(batch))
@@ -79,9 +69,7 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
     return _sensor
 
 
-def staged_batches_sensor(
-    table_identifier: str, streams: list[StreamSpec]
-) -> dg.SensorDefinition:
+def staged_batches_sensor(table_identifier: str, streams: list[StreamSpec]) -> dg.SensorDefinition:
     """Requests a committer run when staged batches are ready and ``commit_interval`` has passed."""
 
     @dg.sensor(
@@ -91,43 +79,29 @@ def staged_batches_sensor(
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Launches the committer of {table_identifier} when staged batches are ready.",
     )
-    def _sensor(
-        context: dg.SensorEvaluationContext, lakehouse: LakehouseResource
-    ) -> dg.RunRequest | dg.SkipReason:
+    def _sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource) -> dg.RunRequest | dg.SkipReason:
         config, paths = lakehouse.config(), lakehouse.paths()
         table = load_committed_table(config, paths, table_identifier)
         ready: dict[str, int] = {}
         for stream in streams:
             ledger = StreamLedger(paths.staging(stream.name))
-            plan = plan_commit(
-                ledger, stream.name, committed_state(table, stream.name).sequence
-            )
+            plan = plan_commit(ledger, stream.name, committed_state(table, stream.name).sequence)
             if plan.ready or plan.recovered:
                 ready[stream.name] = len(plan.ready)
         if not ready:
             return dg.SkipReason("no staged batches are ready to commit")
         current = next(ancestry(table), None)
         interval = min(stream.commit_interval for stream in streams)
-        since_commit = (
-            time.time() - current.timestamp_ms / 1000 if current else float("inf")
-        )
+        since_commit = time.time() - current.timestamp_ms / 1000 if current else float("inf")
         if since_commit < interval and not lakehouse.drain:
-            return dg.SkipReason(
-                f"commit_interval: {interval - since_commit:.1f}s until the next commit"
-            )
+            return dg.SkipReason(f"commit_interval: {interval - since_commit:.1f}s until the next commit")
         running = context.instance.get_runs(
-            filters=dg.RunsFilter(
-                job_name=names.commit_job_name(table_identifier), statuses=IN_PROGRESS
-            ),
+            filters=dg.RunsFilter(job_name=names.commit_job_name(table_identifier), statuses=IN_PROGRESS),
             limit=1,
         )
         if running:
-            return dg.SkipReason(
-                f"committer run {running[0].run_id} is still in progress"
-            )
+            return dg.SkipReason(f"committer run {running[0].run_id} is still in progress")
         summary = ", ".join(f"{name}: {count} batches" for name, count in ready.items())
-        return dg.RunRequest(
-            tags={names.TABLE_TAG: table_identifier, "lakehouse/ready": summary}
-        )
+        return dg.RunRequest(tags={names.TABLE_TAG: table_identifier, "lakehouse/ready": summary})
 
     return _sensor

@@ -1,0 +1,77 @@
+"""Fixtures: a temporary LAKEHOUSE_HOME, config and DAGSTER_HOME per test; Spark shared per process."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from lakehouse_assets.config import LakehouseConfig, load_config
+from lakehouse_assets.paths import LakehousePaths
+
+ORDERS_STREAM = {
+    "name": "orders",
+    "source": {"landing": {}},
+    "table_identifier": "sales.orders",
+    "auto_create": True,
+    "schema": {
+        "columns": [
+            {"name": "order_id", "type": "long", "required": True},
+            {"name": "customer_id", "type": "long"},
+            {"name": "amount", "type": "double"},
+            {"name": "ts", "type": "timestamptz"},
+        ],
+        "partition_spec": [{"column": "ts", "transform": "day"}],
+    },
+    "table_properties": {"format-version": "2"},
+    "flush": {"max_bytes": 1_000_000, "max_age": "60s"},
+    "commit_interval": "0s",
+}
+
+
+def order_event(order_id: int, **overrides: object) -> str:
+    event = {
+        "order_id": order_id,
+        "customer_id": order_id % 13,
+        "amount": order_id * 1.25,
+        "ts": f"2026-11-{1 + order_id % 20:02d}T12:00:00Z",
+    }
+    event.update(overrides)
+    return json.dumps(event)
+
+
+@pytest.fixture
+def lakehouse_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "lakehouse"
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    (tmp_path / "dagster").mkdir()
+    write_config(tmp_path, {"catalog": {"type": "hadoop"}, "streams": [ORDERS_STREAM]}, monkeypatch)
+    return home
+
+
+def write_config(directory: Path, document: dict, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = directory / "lakehouse.yaml"
+    path.write_text(yaml.safe_dump(document))
+    monkeypatch.setenv("LAKEHOUSE_CONFIG", str(path))
+    return path
+
+
+@pytest.fixture
+def config(lakehouse_home: Path) -> LakehouseConfig:
+    return load_config()
+
+
+@pytest.fixture
+def paths(lakehouse_home: Path) -> LakehousePaths:
+    return LakehousePaths.from_env()
+
+
+@pytest.fixture
+def instance(lakehouse_home: Path) -> Iterator[dg.DagsterInstance]:
+    with dg.DagsterInstance.get() as dagster_instance:
+        yield dagster_instance

@@ -1,0 +1,67 @@
+import pytest
+
+from lakehouse_assets.config import load_config, parse_config, parse_duration
+from lakehouse_assets.errors import ConfigError
+from lakehouse_assets_tests.conftest import ORDERS_STREAM
+
+
+def test_packaged_demo_config_is_used_without_a_file(monkeypatch, tmp_path):
+    monkeypatch.delenv("LAKEHOUSE_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    config = load_config()
+    stream = config.stream("orders")
+    assert stream.table_identifier == "sales.orders"
+    assert stream.flush.max_age == 60.0
+    assert stream.commit_interval == 0.0
+    assert stream.resolved_event_time_column() == "ts"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"flush": {"max_age": "5 minutes"}}, "stream 'orders': flush.max_age: invalid duration '5 minutes'"),
+        ({"flsh": {}}, "stream 'orders': flsh: unknown key"),
+        ({"table_identifier": "orders"}, "stream 'orders': table_identifier: 'orders' is not of the form"),
+        ({"operation": "${/op}"}, "stream 'orders': operation: row-level operations are not supported yet"),
+        (
+            {"schema": {"columns": [{"name": "a", "type": "varchar"}]}},
+            "stream 'orders': schema.columns.0.type: unsupported type 'varchar'",
+        ),
+        (
+            {"schema": {"columns": [{"name": "a", "type": "long"}], "partition_spec": [{"column": "b"}]}},
+            "partition_spec names column 'b', which is not declared",
+        ),
+        (
+            {
+                "schema": {
+                    "columns": [{"name": "a", "type": "long"}],
+                    "partition_spec": [{"column": "a", "transform": "week"}],
+                }
+            },
+            "unsupported transform 'week'",
+        ),
+    ],
+)
+def test_invalid_keys_are_named_with_their_stream(change, message):
+    with pytest.raises(ConfigError) as raised:
+        parse_config({"streams": [{**ORDERS_STREAM, **change}]})
+    assert message in str(raised.value)
+
+
+def test_duplicate_streams_and_unknown_stream_are_errors():
+    with pytest.raises(ConfigError, match="duplicate stream names: orders"):
+        parse_config({"streams": [ORDERS_STREAM, ORDERS_STREAM]})
+    config = parse_config({"streams": [ORDERS_STREAM]})
+    with pytest.raises(ConfigError, match="unknown stream 'clicks'; configured streams: orders"):
+        config.stream("clicks")
+
+
+def test_missing_config_file_named_by_env_is_an_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAKEHOUSE_CONFIG", str(tmp_path / "nope.yaml"))
+    with pytest.raises(ConfigError, match="does not name a file"):
+        load_config()
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("0s", 0), ("250ms", 0.25), ("5m", 300), ("1h", 3600), (30, 30)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds

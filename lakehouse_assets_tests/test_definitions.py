@@ -1,0 +1,43 @@
+"""The definitions load the way ``dagster dev`` loads them, with pinned names."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+
+from lakehouse_assets.definitions import build_definitions
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_workspace_yaml_loads_the_code_location(lakehouse_home):
+    completed = subprocess.run(
+        [sys.executable, "-m", "dagster", "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "lakehouse_assets" in completed.stdout + completed.stderr
+
+
+def test_asset_check_job_and_sensor_names_are_pinned(config):
+    repository = build_definitions(config).get_repository_def()
+    assert repository.asset_graph.get_all_asset_keys() == {
+        dg.AssetKey(["staging", "orders"]),
+        dg.AssetKey(["sales", "orders"]),
+    }
+    assert {key.name for key in repository.asset_graph.asset_check_keys} == {
+        "schema_matches_declared",
+        "rows_reconcile_with_batches",
+        "batch_ranges_contiguous",
+        "data_files_unique",
+    }
+    assert {job.name for job in repository.get_all_jobs()} >= {"orders_stage_job", "sales_orders_commit_job"}
+    assert {sensor.name for sensor in repository.sensor_defs} == {
+        "orders_landing_sensor",
+        "sales_orders_staged_batches_sensor",
+    }

@@ -1,0 +1,124 @@
+"""End to end with real engines: landing -> sensor -> Spark writer -> committer -> DuckDB checks."""
+
+import json
+
+import dagster as dg
+import pytest
+
+from lakehouse_assets import summary_keys
+from lakehouse_assets.batch_ledger import StreamLedger
+from lakehouse_assets.committer import commit_table
+from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.defs import names
+from lakehouse_assets.duck import iceberg_connection, scan
+from lakehouse_assets.landing import land_events
+from lakehouse_assets.micro_batching import mint_next_batch
+from lakehouse_assets.recovery import lakehouse_commits
+from lakehouse_assets.runner import run_until_idle
+from lakehouse_assets.spark import lakehouse_session
+from lakehouse_assets.staging import stage_batch
+from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
+from lakehouse_assets_tests.conftest import order_event
+
+pytestmark = pytest.mark.spark
+
+
+def _duckdb_rows(config, paths, identifier, columns="*"):
+    table = load_committed_table(config, paths, identifier)
+    location = current_metadata_location(config, paths, identifier)
+    query = f"SELECT {columns} FROM {scan(location, table.current_snapshot().snapshot_id)} ORDER BY 1"
+    return iceberg_connection().sql(query).fetchall()
+
+
+def test_events_flow_end_to_end_and_every_event_is_accounted_for(config, paths, instance):
+    stream = config.stream("orders")
+    land_events(paths, stream, [order_event(i) for i in range(1, 301)])
+    land_events(paths, stream, [order_event(i) for i in range(301, 401)] + [json.dumps({"customer_id": 5})])
+    land_events(paths, stream, [order_event(401, amount="12.5", ts=1764064800000), order_event(402, amount="n/a")])
+
+    report = run_until_idle(build_definitions(config), instance, log=lambda _: None)
+
+    assert report.failed == []
+    order_ids = [row[0] for row in _duckdb_rows(config, paths, "sales.orders", "order_id")]
+    assert order_ids == list(range(1, 403))
+    coerced = _duckdb_rows(config, paths, "sales.orders", "order_id, amount, epoch_ms(ts)")
+    assert coerced[400] == (401, 12.5, 1764064800000)
+    assert coerced[401] == (402, None, coerced[401][2])
+    dead = _duckdb_rows(config, paths, "sales.orders_dead_letters", "event, reason, stream, batch_sequence")
+    assert dead == [('{"customer_id": 5}', "missing required field 'order_id'", "orders", 1)]
+
+    [commit] = lakehouse_commits(load_committed_table(config, paths, "sales.orders"))
+    assert (commit.stream, commit.first_sequence, commit.last_sequence, commit.rows) == ("orders", 1, 1, 402)
+    table_key = names.table_key("sales.orders")
+    materialization = instance.get_latest_materialization_event(table_key).asset_materialization
+    assert materialization.metadata["rows"].value == 402
+    assert materialization.metadata["dead_letters"].value == 1
+    for check_name in names.CHECK_NAMES:
+        record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(table_key, check_name))
+        assert record.status.value == "SUCCEEDED", check_name
+
+
+def test_each_commit_carries_the_summary_keys_and_ranges_stay_contiguous(config, paths, instance):
+    stream = config.stream("orders")
+    defs = build_definitions(config)
+    for start in (1, 11, 21):
+        land_events(paths, stream, [order_event(i) for i in range(start, start + 10)])
+        assert run_until_idle(defs, instance, log=lambda _: None).failed == []
+    table = load_committed_table(config, paths, "sales.orders")
+    summaries = [c for c in lakehouse_commits(table)]
+    assert [(c.first_sequence, c.last_sequence, c.rows) for c in summaries] == [
+        (1, 1, 10),
+        (2, 2, 10),
+        (3, 3, 10),
+    ]
+    summary = table.current_snapshot().summary.additional_properties
+    assert summary[summary_keys.COMMIT_SEQUENCE] == "3"
+    assert summary[summary_keys.MAX_EVENT_TIME].startswith("2026-11-")
+    assert json.loads(summary[summary_keys.SOURCE_OFFSETS])["files"] == 1
+    assert summary[summary_keys.COMMITTER_RUN]
+    assert [c.epoch for c in summaries] == [1, 2, 3]
+
+
+def test_committer_with_nothing_pending_changes_nothing(config, paths):
+    stream = config.stream("orders")
+    spark = lakehouse_session(config, paths)
+    land_events(paths, stream, [order_event(i) for i in range(5)])
+    batch, _ = mint_next_batch(config, paths, stream, drain=True)
+    stage_batch(spark, config, paths, stream, batch.sequence)
+    commit_table(spark, config, paths, "sales.orders", "first")
+    before = current_metadata_location(config, paths, "sales.orders")
+
+    plans, results = commit_table(spark, config, paths, "sales.orders", "second")
+
+    assert results == [] and plans[0].ready == []
+    assert current_metadata_location(config, paths, "sales.orders") == before
+
+
+def test_repeated_and_concurrent_writer_attempts_leave_one_staged_batch(config, paths):
+    stream = config.stream("orders")
+    spark = lakehouse_session(config, paths)
+    land_events(paths, stream, [order_event(i) for i in range(20)])
+    batch, _ = mint_next_batch(config, paths, stream, drain=True)
+    first = stage_batch(spark, config, paths, stream, batch.sequence)
+    second = stage_batch(spark, config, paths, stream, batch.sequence, expected_files=batch.files)
+    assert first.written_now and not second.written_now
+    assert second.staged == first.staged
+    attempts = [p.name for p in StreamLedger(paths.staging("orders")).batch(1).directory.iterdir() if p.is_dir()]
+    assert attempts == [f"attempt-{first.staged.attempt}"]
+
+
+def test_a_commit_whose_bookkeeping_was_lost_is_not_committed_again(config, paths):
+    stream = config.stream("orders")
+    spark = lakehouse_session(config, paths)
+    land_events(paths, stream, [order_event(i) for i in range(1, 8)])
+    batch, _ = mint_next_batch(config, paths, stream, drain=True)
+    stage_batch(spark, config, paths, stream, batch.sequence)
+    commit_table(spark, config, paths, "sales.orders", "crashed-before-bookkeeping")
+    ledger = StreamLedger(paths.staging("orders"))
+    (ledger.batch(1).directory / "committed.json").unlink()
+
+    plans, results = commit_table(spark, config, paths, "sales.orders", "recovering")
+
+    assert results == [] and plans[0].recovered == [1]
+    assert ledger.batch(1).status == "committed"
+    assert [row[0] for row in _duckdb_rows(config, paths, "sales.orders", "order_id")] == list(range(1, 8))

@@ -1,0 +1,71 @@
+"""Micro-batch decisions, with the real sensors evaluated by ``dg.build_sensor_context`` (no Spark)."""
+
+import os
+import time
+
+import dagster as dg
+
+from lakehouse_assets.batch_ledger import StreamLedger
+from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.defs import names
+from lakehouse_assets.defs.resources import LakehouseResource
+from lakehouse_assets.landing import land_events
+from lakehouse_assets_tests.conftest import order_event
+
+
+def _tick(config, instance, sensor_name, cursor=None, drain=False):
+    defs = build_definitions(config)
+    sensor = defs.get_repository_def().get_sensor_def(sensor_name)
+    context = dg.build_sensor_context(
+        instance=instance,
+        cursor=cursor,
+        definitions=defs,
+        resources={"lakehouse": LakehouseResource(drain=drain)},
+    )
+    return sensor.evaluate_tick(context)
+
+
+def test_landing_sensor_waits_and_says_why(config, paths, instance):
+    land_events(paths, config.stream("orders"), [order_event(i) for i in range(10)])
+    tick = _tick(config, instance, names.landing_sensor_name("orders"))
+    assert tick.run_requests == []
+    assert "bytes in 1 files pending (< flush.max_bytes 1000000)" in tick.skip_message
+    assert "(< flush.max_age 60s)" in tick.skip_message
+    assert StreamLedger(paths.staging("orders")).batches() == []
+
+
+def test_age_trigger_mints_a_batch_with_exact_files(config, paths, instance):
+    landed = land_events(paths, config.stream("orders"), [order_event(i) for i in range(10)])
+    old = time.time() - 120
+    os.utime(landed[0], (old, old))
+    tick = _tick(config, instance, names.landing_sensor_name("orders"))
+    [request] = tick.run_requests
+    assert request.run_key == "orders:1"
+    op_config = request.run_config["ops"][names.staged_batches_op("orders")]["config"]
+    assert op_config == {"sequence": 1, "files": [landed[0].name]}
+    assert tick.cursor == "1"
+
+
+def test_bytes_trigger_cuts_batches_of_at_most_max_bytes(config, paths, instance):
+    stream = config.stream("orders")
+    big_line = order_event(1, note="x" * 400_000)
+    for _ in range(3):
+        land_events(paths, stream, [big_line])
+    tick = _tick(config, instance, names.landing_sensor_name("orders"))
+    assert [r.run_key for r in tick.run_requests] == ["orders:1"]
+    minted = StreamLedger(paths.staging("orders")).batches()
+    assert [len(r.minted.files) for r in minted] == [2]
+
+
+def test_unstaged_batches_are_requested_again_under_the_same_run_key(config, paths, instance):
+    land_events(paths, config.stream("orders"), [order_event(1)])
+    first = _tick(config, instance, names.landing_sensor_name("orders"), drain=True)
+    again = _tick(config, instance, names.landing_sensor_name("orders"), cursor=None)
+    assert [r.run_key for r in first.run_requests] == ["orders:1"]
+    assert [r.run_key for r in again.run_requests] == ["orders:1"]
+    assert len(StreamLedger(paths.staging("orders")).batches()) == 1
+
+
+def test_commit_sensor_skips_without_staged_batches(config, instance):
+    tick = _tick(config, instance, names.staged_sensor_name("sales.orders"))
+    assert tick.skip_message == "no staged batches are ready to commit"
