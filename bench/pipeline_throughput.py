@@ -112,6 +112,10 @@ def main() -> None:
         report = run_until_idle(defs, instance, log=lambda _: None)
         pipeline_seconds = time.perf_counter() - started
         assert not report.failed, report.failed
+        run_seconds = {
+            record.dagster_run.job_name: record.end_time - record.start_time
+            for record in instance.get_run_records()
+        }
 
         land_events(paths, stream, _events(1, seed=99)[:1])
         started = time.perf_counter()
@@ -130,6 +134,8 @@ def main() -> None:
     print(f"full pipeline (sensor, writer, committer, 4 DuckDB checks): {pipeline_seconds:.1f} s, "
           f"{args.events / pipeline_seconds:,.0f} rows/s")
     print(f"ratio pipeline/bare: {baseline_seconds / pipeline_seconds:.2f}")
+    for job_name, seconds in sorted(run_seconds.items()):
+        print(f"  run {job_name}: {seconds:.1f} s")
     print(f"freshness of one event (ingest -> committed and checked, in-process): {freshness_seconds:.1f} s")
 
 

@@ -3,7 +3,7 @@
 Layout under ``$LAKEHOUSE_HOME/staging/<stream>/<sequence>/``:
 
 - ``batch.json``: minted by the micro-batch sensor (the exact landing files of the batch);
-- ``attempt-<id>/``: Parquet written by one writer attempt (``rows/`` and ``rejects/``);
+- ``attempt-<id>/events/``: Parquet written by one writer attempt (rows and rejected events);
 - ``staged.json``: the attempt that won, with row counts and event-time range (created once);
 - ``committed.json``: bookkeeping after the commit; the table's snapshot ancestry stays the truth.
 
@@ -26,6 +26,7 @@ from lakehouse_assets.errors import BatchConflictError
 BATCH_FILE = "batch.json"
 STAGED_FILE = "staged.json"
 COMMITTED_FILE = "committed.json"
+EVENTS_DIR = "events"
 SEQUENCE_DIGITS = 10
 
 
@@ -84,13 +85,10 @@ class BatchRecord:
             return "committed"
         return "staged" if self.staged else "minted"
 
-    def rows_path(self) -> Path:
-        assert self.staged, "only a staged batch has rows"
-        return self.directory / f"attempt-{self.staged.attempt}" / "rows"
-
-    def rejects_path(self) -> Path:
-        assert self.staged, "only a staged batch has rejects"
-        return self.directory / f"attempt-{self.staged.attempt}" / "rejects"
+    def events_path(self) -> Path:
+        """The staged Parquet: converted rows, and reasons for the rejected events."""
+        assert self.staged, "only a staged batch has staged events"
+        return self.directory / f"attempt-{self.staged.attempt}" / EVENTS_DIR
 
 
 def _write_json_atomically(path: Path, payload: dict[str, Any], exclusive: bool) -> bool:

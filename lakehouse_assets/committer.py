@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 from lakehouse_assets import summary_keys
 from lakehouse_assets.batch_ledger import BatchRecord, CommittedBatch, StreamLedger
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.conversion import accepted_rows, rejected_events
 from lakehouse_assets.errors import CommitOutcomeUnknownError, SequenceGapError
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
@@ -145,7 +146,7 @@ def _commit_dead_letters(
     if not pending:
         return count
     frames = [
-        spark.read.parquet(str(record.rejects_path())).select(
+        rejected_events(spark.read.parquet(str(record.events_path()))).select(
             "event",
             "reason",
             F.lit(stream.name).alias("stream"),
@@ -188,7 +189,7 @@ def _commit_stream(
     batches = plan.ready
     dead_letters = _commit_dead_letters(spark, config, paths, stream, batches, epoch, run_id)
     columns = spark.table(qualified_name(identifier)).columns
-    frame = spark.read.parquet(*[str(record.rows_path()) for record in batches]).select(*columns)
+    frame = accepted_rows(spark.read.parquet(*[str(record.events_path()) for record in batches]), columns)
     rows = sum(record.staged.rows for record in batches)
     properties = _summary_properties(stream, batches, rows, epoch, run_id)
     append_error: Exception | None = None

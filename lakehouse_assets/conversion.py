@@ -29,10 +29,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-EVENT_COLUMN = "_event"
-SOURCE_FILE_COLUMN = "_source_file"
-REASON_COLUMN = "_reason"
-_RAW = "_raw"
+EVENT_COLUMN = "_lakehouse_event"
+SOURCE_FILE_COLUMN = "_lakehouse_source_file"
+REASON_COLUMN = "_lakehouse_reason"
+_RAW = "_lakehouse_raw"
 INTEGER_TEXT = r"^\s*-?\d+\s*$"
 
 
@@ -120,14 +120,26 @@ def convert_events(lines: DataFrame, table_schema: T.StructType) -> DataFrame:
     return converted.withColumn(REASON_COLUMN, _rejection_reason(list(table_schema))).drop(_RAW)
 
 
-def accepted_rows(converted: DataFrame, table_schema: T.StructType) -> DataFrame:
-    """The rows to stage, in the table's column order."""
-    return converted.where(F.col(REASON_COLUMN).isNull()).select(*[F.col(f"`{field.name}`") for field in table_schema])
+def staged_events(converted: DataFrame, table_schema: T.StructType) -> DataFrame:
+    """What a writer stages in one pass: the converted columns for every event, plus reason,
+    original text and source file for the rejected ones (NULL for good rows, so they cost nothing)."""
+    rejected = F.col(REASON_COLUMN).isNotNull()
+    return converted.select(
+        *[F.col(f"`{field.name}`") for field in table_schema],
+        F.col(REASON_COLUMN),
+        F.when(rejected, F.col(EVENT_COLUMN)).alias(EVENT_COLUMN),
+        F.when(rejected, F.col(SOURCE_FILE_COLUMN)).alias(SOURCE_FILE_COLUMN),
+    )
 
 
-def rejected_events(converted: DataFrame) -> DataFrame:
-    """The events that go to the dead letters: original text, reason and source file."""
-    return converted.where(F.col(REASON_COLUMN).isNotNull()).select(
+def accepted_rows(staged: DataFrame, columns: list[str]) -> DataFrame:
+    """The staged rows to publish, in the table's column order."""
+    return staged.where(F.col(REASON_COLUMN).isNull()).select(*[F.col(f"`{name}`") for name in columns])
+
+
+def rejected_events(staged: DataFrame) -> DataFrame:
+    """The staged events that go to the dead letters: original text, reason and source file."""
+    return staged.where(F.col(REASON_COLUMN).isNotNull()).select(
         F.col(EVENT_COLUMN).alias("event"),
         F.col(REASON_COLUMN).alias("reason"),
         F.col(SOURCE_FILE_COLUMN).alias("source_file"),

@@ -10,17 +10,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.storagelevel import StorageLevel
 
-from lakehouse_assets.batch_ledger import StagedBatch, StreamLedger
+from lakehouse_assets.batch_ledger import EVENTS_DIR, StagedBatch, StreamLedger
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
-from lakehouse_assets.conversion import accepted_rows, convert_events, rejected_events
+from lakehouse_assets.conversion import REASON_COLUMN, convert_events, staged_events
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.tables import ensure_table, qualified_name
+
+# Event times in the ledger and in snapshot summaries: ISO 8601 in UTC (the session time zone), so
+# they compare correctly as strings.
+ISO_8601_UTC = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
 
 
 @dataclass(frozen=True)
@@ -31,10 +34,6 @@ class StagingOutcome:
     written_now: bool
     files: int
     bytes: int
-
-
-def _isoformat(value: object) -> str | None:
-    return value.isoformat() if value is not None else None
 
 
 def stage_batch(
@@ -76,26 +75,30 @@ def stage_batch(
 
     attempt, attempt_dir = ledger.new_attempt(sequence)
     lines = spark.read.text([str(directory / name) for name in minted.files])
-    converted = convert_events(lines, table_schema).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        accepted_rows(converted, table_schema).write.parquet(str(attempt_dir / "rows"))
-        rejected_events(converted).write.parquet(str(attempt_dir / "rejects"))
-    finally:
-        converted.unpersist()
-
-    staged_rows = spark.read.parquet(str(attempt_dir / "rows"))
-    event_time_column = stream.resolved_event_time_column()
-    min_time = max_time = None
-    if event_time_column and event_time_column in staged_rows.columns:
-        bounds = staged_rows.agg(F.min(event_time_column), F.max(event_time_column)).first()
-        min_time, max_time = bounds[0], bounds[1]
+    staged_frame = staged_events(convert_events(lines, table_schema), table_schema)
+    # One pass over the events: counts and the event-time range are observed while writing.
+    accepted = F.col(REASON_COLUMN).isNull()
+    event_time = stream.resolved_event_time_column()
+    if event_time not in table_schema.fieldNames():
+        event_time = None
+    observation = Observation(f"batch-{sequence}")
+    event_times = F.when(accepted, F.col(event_time)) if event_time else F.lit(None).cast("timestamp")
+    observed = staged_frame.observe(
+        observation,
+        F.count(F.when(accepted, 1)).alias("rows"),
+        F.count(F.when(~accepted, 1)).alias("rejected"),
+        F.date_format(F.min(event_times), ISO_8601_UTC).alias("min_event_time"),
+        F.date_format(F.max(event_times), ISO_8601_UTC).alias("max_event_time"),
+    )
+    observed.write.parquet(str(attempt_dir / EVENTS_DIR))
+    metrics = observation.get
     staged = StagedBatch(
         sequence=sequence,
         attempt=attempt,
-        rows=staged_rows.count(),
-        rejected=spark.read.parquet(str(attempt_dir / "rejects")).count(),
-        min_event_time=_isoformat(min_time),
-        max_event_time=_isoformat(max_time),
+        rows=metrics["rows"],
+        rejected=metrics["rejected"],
+        min_event_time=metrics["min_event_time"],
+        max_event_time=metrics["max_event_time"],
         staged_at=time.time(),
         run_id=run_id,
     )
