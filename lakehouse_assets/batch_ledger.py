@@ -45,7 +45,11 @@ class MintedBatch:
 
 @dataclass(frozen=True)
 class StagedBatch:
-    """The writer attempt whose Parquet the committer will publish."""
+    """The writer attempt whose Parquet the committer will publish.
+
+    ``rows`` are rows to append or upsert (after collapsing changes per key), ``deletes`` the keys
+    to delete, ``rejected`` the events bound for the dead letters.
+    """
 
     sequence: int
     attempt: str
@@ -55,6 +59,7 @@ class StagedBatch:
     max_event_time: str | None
     staged_at: float
     run_id: str | None = None
+    deletes: int = 0
 
 
 @dataclass(frozen=True)

@@ -97,14 +97,18 @@ def _lakehouse_summaries(snapshot: CommittedSnapshot) -> list[dict[str, str]]:
 
 
 def check_row_count(connection: duckdb.DuckDBPyConnection, snapshot: CommittedSnapshot) -> CheckOutcome:
-    """The snapshot holds exactly the rows its lakehouse commits staged (append-only tables)."""
+    """The snapshot holds exactly the rows its lakehouse commits added net (appended, or inserted
+    minus deleted by a MERGE)."""
     counted = connection.sql(
         f"SELECT count(*) FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}"
     ).fetchone()[0]
-    staged = sum(int(summary.get(summary_keys.ROWS, "0")) for summary in _lakehouse_summaries(snapshot))
+    staged = sum(
+        int(summary.get(summary_keys.NET_ROWS, summary.get(summary_keys.ROWS, "0")))
+        for summary in _lakehouse_summaries(snapshot)
+    )
     return CheckOutcome(
         counted == staged,
-        f"DuckDB counts {counted} rows; the committed batches staged {staged}",
+        f"DuckDB counts {counted} rows; the committed batches added {staged} net",
         {"rows_read": counted, "rows_staged": staged},
     )
 

@@ -6,10 +6,13 @@ Protocol, per stream of a table, holding the table's commit lock:
 2. mark staged batches at or below it committed (a crash after an earlier commit), without
    committing them again;
 3. take the contiguous run of staged batches above it (a missing batch stops the run, loudly);
-4. append their dead letters to the dead-letter table, then their rows to the table, each commit
-   carrying the ``lakehouse.*`` summary keys; each table's own ancestry says whether its part is
-   already done, so a crash between the two commits is repaired by the next run;
-5. re-read the ancestry to confirm the commit, record the bookkeeping, remove the staged Parquet.
+4. append their dead letters to the dead-letter table, then publish their rows to the table: one
+   append for all ready batches of an append stream, one MERGE per batch (in order) for a change
+   stream; every commit carries the ``lakehouse.*`` summary keys, and each table's own ancestry
+   says whether its part is already done, so a crash between the two commits is repaired by the
+   next run;
+5. re-read the ancestry to confirm the commit and record the bookkeeping. Staged Parquet is
+   removed by the next committer run, so the checks of this run can still read the batches.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from functools import partial, reduce
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -33,7 +37,8 @@ from lakehouse_assets.table_metadata import (
     current_metadata_location,
     load_committed_table,
 )
-from lakehouse_assets.tables import MANAGED_TABLE_PROPERTIES, qualified_name
+from lakehouse_assets.table_writes import ChangeCounts, append_rows, count_changes, merge_changes
+from lakehouse_assets.tables import MANAGED_TABLE_PROPERTIES, identifier_columns, qualified_name
 
 DEAD_LETTER_SUFFIX = "_dead_letters"
 
@@ -45,17 +50,22 @@ def dead_letter_identifier(table_identifier: str) -> str:
 
 @dataclass(frozen=True)
 class CommitResult:
-    """What one committer pass published for one stream, for metadata and logs."""
+    """What one commit published, for metadata, logs and checks."""
 
     table: str
     stream: str
+    kind: str
     snapshot_id: int
     metadata_location: str
     first_sequence: int
     last_sequence: int
     rows: int
+    inserted: int
+    updated: int
+    deleted: int
     dead_letters: int
     data_files_added: int
+    delete_files_added: int
     commit_latency_seconds: float
     lag_seconds: float
     max_event_time: str | None
@@ -95,7 +105,7 @@ def plan_commit(ledger: StreamLedger, stream: str, committed_sequence: int) -> C
 
 
 def _summary_properties(
-    stream: StreamSpec, batches: list[BatchRecord], rows: int, epoch: int, run_id: str
+    stream: StreamSpec, batches: list[BatchRecord], rows: int, net_rows: int, epoch: int, run_id: str
 ) -> dict[str, str]:
     files = [name for record in batches for name in record.minted.files]
     event_times = [r.staged.max_event_time for r in batches if r.staged.max_event_time]
@@ -104,6 +114,7 @@ def _summary_properties(
         summary_keys.COMMIT_SEQUENCE: str(batches[-1].sequence),
         summary_keys.BATCH_RANGE: summary_keys.format_batch_range(batches[0].sequence, batches[-1].sequence),
         summary_keys.ROWS: str(rows),
+        summary_keys.NET_ROWS: str(net_rows),
         summary_keys.SOURCE_OFFSETS: json.dumps({"files": len(files), "first": files[0], "last": files[-1]}),
         summary_keys.MAX_EVENT_TIME: max(event_times) if event_times else "",
         summary_keys.COMMITTER_EPOCH: str(epoch),
@@ -111,19 +122,12 @@ def _summary_properties(
     }
 
 
-def _append(frame: DataFrame, identifier: str, properties: dict[str, str]) -> None:
-    writer = frame.writeTo(qualified_name(identifier))
-    for key, value in properties.items():
-        writer = writer.option(f"snapshot-property.{key}", value)
-    writer.append()
-
-
 def _ensure_dead_letter_table(spark: SparkSession, identifier: str) -> None:
     properties = ", ".join(f"'{k}' = '{v}'" for k, v in {"format-version": "2", **MANAGED_TABLE_PROPERTIES}.items())
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {qualified_name(identifier)} ("
         "event string, reason string, stream string, batch_sequence bigint, source_file string, "
-        f"recorded_at timestamp) USING iceberg TBLPROPERTIES ({properties})"
+        f"source_line bigint, recorded_at timestamp) USING iceberg TBLPROPERTIES ({properties})"
     )
 
 
@@ -136,6 +140,7 @@ def _commit_dead_letters(
     epoch: int,
     run_id: str,
 ) -> int:
+    """Append the batches' rejected events to the dead-letter table, unless its ancestry has them."""
     identifier = dead_letter_identifier(stream.table_identifier)
     count = sum(record.staged.rejected for record in batches)
     if count == 0:
@@ -152,16 +157,93 @@ def _commit_dead_letters(
             F.lit(stream.name).alias("stream"),
             F.lit(record.sequence).cast("bigint").alias("batch_sequence"),
             "source_file",
+            "source_line",
             F.current_timestamp().alias("recorded_at"),
         )
         for record in pending
     ]
-    union = frames[0]
-    for frame in frames[1:]:
-        union = union.unionByName(frame)
     rows = sum(record.staged.rejected for record in pending)
-    _append(union, identifier, _summary_properties(stream, pending, rows, epoch, run_id))
+    properties = _summary_properties(stream, pending, rows, rows, epoch, run_id)
+    append_rows(reduce(DataFrame.unionByName, frames), identifier, properties)
     return count
+
+
+def _commit_group(
+    spark: SparkSession,
+    config: LakehouseConfig,
+    paths: LakehousePaths,
+    stream: StreamSpec,
+    batches: list[BatchRecord],
+    epoch: int,
+    run_id: str,
+) -> CommitResult:
+    """Publish ``batches`` in one commit (an append, or one MERGE for a change stream)."""
+    identifier = stream.table_identifier
+    started = time.monotonic()
+    dead_letters = _commit_dead_letters(spark, config, paths, stream, batches, epoch, run_id)
+    columns = spark.table(qualified_name(identifier)).columns
+    staged = accepted_rows(spark.read.parquet(*[str(record.events_path()) for record in batches]), columns)
+    keys = identifier_columns(config, paths, stream)
+    if keys:
+        counts = count_changes(spark, identifier, staged, keys)
+        rows = counts.inserted + counts.updated
+        properties = _summary_properties(stream, batches, rows, counts.inserted - counts.deleted, epoch, run_id)
+        properties.update(
+            {
+                summary_keys.INSERTED: str(counts.inserted),
+                summary_keys.UPDATED: str(counts.updated),
+                summary_keys.DELETED: str(counts.deleted),
+            }
+        )
+        view = f"lakehouse_changes_{stream.name}_{batches[0].sequence}"
+        write = partial(merge_changes, spark, identifier, staged, keys, columns, properties, view)
+    else:
+        rows = sum(record.staged.rows for record in batches)
+        counts = ChangeCounts(inserted=rows, updated=0, deleted=0)
+        properties = _summary_properties(stream, batches, rows, rows, epoch, run_id)
+        write = partial(append_rows, staged.select(*columns), identifier, properties)
+    write_error: Exception | None = None
+    try:
+        write()
+    except Exception as error:  # noqa: BLE001 - py4j errors of any kind; the ancestry decides below
+        write_error = error
+    # Whatever the write reported, only the ancestry says whether the commit landed.
+    confirmed = load_committed_table(config, paths, identifier)
+    if committed_state(confirmed, stream.name).sequence < batches[-1].sequence:
+        if write_error is not None:
+            raise write_error
+        raise CommitOutcomeUnknownError(
+            f"table {identifier}: the commit of batches {properties[summary_keys.BATCH_RANGE]} "
+            "returned but the ancestry does not show it; staged data is kept for the next run"
+        )
+    snapshot = confirmed.current_snapshot()
+    committed_at = time.time()
+    ledger = StreamLedger(paths.staging(stream.name))
+    for record in batches:
+        ledger.record_committed(
+            record.sequence, CommittedBatch(snapshot.snapshot_id, batches[-1].sequence, committed_at)
+        )
+    summary = snapshot.summary.additional_properties
+    return CommitResult(
+        table=identifier,
+        stream=stream.name,
+        kind="merge" if keys else "append",
+        snapshot_id=snapshot.snapshot_id,
+        metadata_location=current_metadata_location(config, paths, identifier),
+        first_sequence=batches[0].sequence,
+        last_sequence=batches[-1].sequence,
+        rows=rows,
+        inserted=counts.inserted,
+        updated=counts.updated,
+        deleted=counts.deleted,
+        dead_letters=dead_letters,
+        data_files_added=int(summary.get("added-data-files", "0")),
+        delete_files_added=int(summary.get("added-delete-files", "0")),
+        commit_latency_seconds=time.monotonic() - started,
+        lag_seconds=committed_at - min(record.minted.oldest_landed_at for record in batches),
+        max_event_time=properties[summary_keys.MAX_EVENT_TIME] or None,
+        epoch=epoch,
+    )
 
 
 def _commit_stream(
@@ -171,66 +253,27 @@ def _commit_stream(
     stream: StreamSpec,
     epoch: int,
     run_id: str,
-) -> tuple[CommitPlan, CommitResult | None]:
-    identifier = stream.table_identifier
+) -> tuple[CommitPlan, list[CommitResult]]:
     ledger = StreamLedger(paths.staging(stream.name))
-    table = load_committed_table(config, paths, identifier)
+    table = load_committed_table(config, paths, stream.table_identifier)
     state = committed_state(table, stream.name)
     plan = plan_commit(ledger, stream.name, state.sequence)
     for sequence in plan.recovered:
-        ledger.record_committed(
-            sequence,
-            CommittedBatch(state.snapshot_id or 0, state.sequence, time.time()),
-        )
+        ledger.record_committed(sequence, CommittedBatch(state.snapshot_id or 0, state.sequence, time.time()))
     if not plan.ready:
-        return plan, None
+        return plan, []
+    # Appends fold every ready batch into one commit. Changes commit one batch at a time, in order:
+    # folding them would need the net effect across batches, and a per-batch commit keeps each
+    # batch's deletes and upserts checkable on its own snapshot.
+    groups = [[record] for record in plan.ready] if stream.applies_changes else [plan.ready]
+    return plan, [_commit_group(spark, config, paths, stream, group, epoch, run_id) for group in groups]
 
-    started = time.monotonic()
-    batches = plan.ready
-    dead_letters = _commit_dead_letters(spark, config, paths, stream, batches, epoch, run_id)
-    columns = spark.table(qualified_name(identifier)).columns
-    frame = accepted_rows(spark.read.parquet(*[str(record.events_path()) for record in batches]), columns)
-    rows = sum(record.staged.rows for record in batches)
-    properties = _summary_properties(stream, batches, rows, epoch, run_id)
-    append_error: Exception | None = None
-    try:
-        _append(frame, identifier, properties)
-    except Exception as error:  # noqa: BLE001 - py4j errors of any kind; the ancestry decides below
-        append_error = error
-    # Whatever the append reported, only the ancestry says whether the commit landed.
-    confirmed = load_committed_table(config, paths, identifier)
-    landed = committed_state(confirmed, stream.name).sequence >= batches[-1].sequence
-    if not landed:
-        if append_error is not None:
-            raise append_error
-        raise CommitOutcomeUnknownError(
-            f"table {identifier}: the append of batches {properties[summary_keys.BATCH_RANGE]} "
-            "returned but the ancestry does not show it; staged data is kept for the next run"
-        )
-    snapshot = confirmed.current_snapshot()
-    committed_at = time.time()
-    for record in batches:
-        ledger.record_committed(
-            record.sequence,
-            CommittedBatch(snapshot.snapshot_id, batches[-1].sequence, committed_at),
-        )
-    summary = snapshot.summary.additional_properties
-    result = CommitResult(
-        table=identifier,
-        stream=stream.name,
-        snapshot_id=snapshot.snapshot_id,
-        metadata_location=current_metadata_location(config, paths, identifier),
-        first_sequence=batches[0].sequence,
-        last_sequence=batches[-1].sequence,
-        rows=rows,
-        dead_letters=dead_letters,
-        data_files_added=int(summary.get("added-data-files", "0")),
-        commit_latency_seconds=time.monotonic() - started,
-        lag_seconds=committed_at - min(record.minted.oldest_landed_at for record in batches),
-        max_event_time=properties[summary_keys.MAX_EVENT_TIME] or None,
-        epoch=epoch,
-    )
-    return plan, result
+
+def _remove_published_attempts(ledger: StreamLedger) -> None:
+    """Staged Parquet of batches committed by earlier runs; the last run's stays for its checks."""
+    for record in ledger.batches():
+        if record.committed:
+            ledger.remove_attempts(record.sequence)
 
 
 def next_epoch(config: LakehouseConfig, paths: LakehousePaths, table_identifier: str) -> int:
@@ -247,16 +290,14 @@ def commit_table(
     run_id: str,
 ) -> tuple[list[CommitPlan], list[CommitResult]]:
     """Commit every stream's ready batches to one table; returns the plans and the commits made."""
+    streams = config.tables()[table_identifier]
+    for stream in streams:
+        _remove_published_attempts(StreamLedger(paths.staging(stream.name)))
     plans, results = [], []
     with exclusive_lock(table_lock_file(paths.locks, table_identifier)):
         epoch = next_epoch(config, paths, table_identifier)
-        for stream in config.tables()[table_identifier]:
-            plan, result = _commit_stream(spark, config, paths, stream, epoch, run_id)
+        for stream in streams:
+            plan, stream_results = _commit_stream(spark, config, paths, stream, epoch, run_id)
             plans.append(plan)
-            if result:
-                results.append(result)
-    for result in results:
-        ledger = StreamLedger(paths.staging(result.stream))
-        for sequence in range(result.first_sequence, result.last_sequence + 1):
-            ledger.remove_attempts(sequence)
+            results.extend(stream_results)
     return plans, results

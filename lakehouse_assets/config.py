@@ -46,6 +46,8 @@ DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 DURATION_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 STREAM_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+OPERATION_POINTER = re.compile(r"^\$\{(/[A-Za-z0-9_]+)+\}$")
+OPERATION_NAMES = {"index", "insert", "create", "c", "i", "r", "update", "u", "delete", "d"}
 
 
 def parse_duration(value: str | int | float) -> float:
@@ -128,7 +130,8 @@ class LandingSourceSpec(_Strict):
     """Append-only NDJSON files in a directory; defaults to ``$LAKEHOUSE_HOME/landing/<stream>``."""
 
     path: str | None = None
-    format: Literal["json"] = "json"
+    format: Literal["json", "debezium"] = "json"
+    """``json``: each line is the row; ``debezium``: each line is a Debezium change envelope."""
 
 
 class SourceSpec(_Strict):
@@ -191,9 +194,14 @@ class StreamSpec(_Strict):
 
     @field_validator("operation")
     @classmethod
-    def _append_only(cls, value: str | None) -> str | None:
-        if value is not None:
-            raise ValueError("row-level operations are not supported yet; remove the key to append")
+    def _operation_expression(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        match = OPERATION_POINTER.match(value)
+        if match is None and "${" in value:
+            raise ValueError(f"{value!r} is not a JSON pointer expression such as '${{/op}}'")
+        if match is None and value.strip().lower() not in OPERATION_NAMES:
+            raise ValueError(f"constant operation {value!r} is not one of {', '.join(sorted(OPERATION_NAMES))}")
         return value
 
     @field_validator("schema_evolution")
@@ -205,13 +213,46 @@ class StreamSpec(_Strict):
 
     @model_validator(mode="after")
     def _event_time_column_declared(self) -> StreamSpec:
-        columns = {column.name: column.type for column in self.table_schema.columns}
+        columns = {column.name: column for column in self.table_schema.columns}
         if self.auto_create and not columns:
             raise ValueError("schema.columns: auto_create needs declared columns (inference is not supported yet)")
         if self.event_time_column is not None and columns:
-            if columns.get(self.event_time_column) not in ("timestamp", "timestamptz"):
+            if columns.get(self.event_time_column) is None or columns[self.event_time_column].type not in (
+                "timestamp",
+                "timestamptz",
+            ):
                 raise ValueError(f"event_time_column: {self.event_time_column!r} is not a declared timestamp column")
         return self
+
+    @model_validator(mode="after")
+    def _changes_need_identifier_columns(self) -> StreamSpec:
+        if self.is_debezium and self.operation is not None:
+            raise ValueError("operation: a Debezium stream takes each event's operation from its envelope's 'op'")
+        if not self.applies_changes:
+            if self.identifier_columns:
+                raise ValueError("identifier_columns: only used with operation or format: debezium")
+            return self
+        if not self.identifier_columns and self.auto_create:
+            raise ValueError(
+                "identifier_columns: required when the stream applies changes and creates its table "
+                "(an existing table's identifier fields are used otherwise)"
+            )
+        columns = {column.name: column for column in self.table_schema.columns}
+        for name in self.identifier_columns or []:
+            if columns and name not in columns:
+                raise ValueError(f"identifier_columns: {name!r} is not a declared column")
+            if columns and not columns[name].required:
+                raise ValueError(f"identifier_columns: {name!r} must be declared with required: true")
+        return self
+
+    @property
+    def is_debezium(self) -> bool:
+        return self.source.landing is not None and self.source.landing.format == "debezium"
+
+    @property
+    def applies_changes(self) -> bool:
+        """True when events carry INSERT/UPDATE/DELETE operations and commit as MERGE."""
+        return self.operation is not None or self.is_debezium
 
     @property
     def namespace(self) -> str:

@@ -15,9 +15,10 @@ date                      ISO 8601 dates or epoch days
 binary                    Base64 strings
 ========================  ==============================================================
 
-An event is rejected, with the reason, when it is not a JSON object, when none of its fields
-match a column, or when a required column is missing or cannot be coerced; an optional column
-that cannot be coerced is written as NULL. Extra fields are ignored.
+An event is rejected, with the reason, when it is not a JSON object, when its operation is not
+recognized, when none of its fields match a column, or when a required column is missing or cannot
+be coerced (for a DELETE only the identifier columns must be present); an optional column that
+cannot be coerced is written as NULL. Extra fields are ignored.
 """
 
 from __future__ import annotations
@@ -25,13 +26,21 @@ from __future__ import annotations
 import operator
 from functools import reduce
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from lakehouse_assets.change_events import DELETE, collapse_changes, event_shape
+from lakehouse_assets.config import StreamSpec
+
 EVENT_COLUMN = "_lakehouse_event"
 SOURCE_FILE_COLUMN = "_lakehouse_source_file"
+LINE_COLUMN = "_lakehouse_line"
 REASON_COLUMN = "_lakehouse_reason"
+OPERATION_COLUMN = "_lakehouse_operation"
+POSITION_COLUMN = "_lakehouse_position"
+_ROW = "_lakehouse_row"
+_RAW_OPERATION = "_lakehouse_raw_operation"
 _RAW = "_lakehouse_raw"
 INTEGER_TEXT = r"^\s*-?\d+\s*$"
 
@@ -62,85 +71,126 @@ def _type_name(data_type: T.DataType) -> str:
     return data_type.simpleString()
 
 
-def _rejection_reason(fields: list[T.StructField]) -> Column:
-    """The first rule an event breaks, or NULL when it converts."""
-    raw = {field.name: F.col(f"{_RAW}.`{field.name}`") for field in fields}
-    rules: list[tuple[Column, Column]] = [
-        (F.json_object_keys(F.col(EVENT_COLUMN)).isNull(), F.lit("not a JSON object")),
-        (
-            ~reduce(
-                operator.or_,
-                [value.isNotNull() for value in raw.values()],
-                F.lit(False),
-            ),
-            F.lit("no field matches the table schema"),
-        ),
-    ]
-    for field in fields:
-        if field.nullable:
-            continue
-        value = raw[field.name]
-        rules.append((value.isNull(), F.lit(f"missing required field '{field.name}'")))
-        rules.append(
-            (
-                F.col(field.name).isNull(),
-                F.concat(
-                    F.lit(f"required field '{field.name}': "),
-                    value,
-                    F.lit(f" is not a {_type_name(field.dataType)}"),
-                ),
-            )
-        )
+def _first_failure(rules: list[tuple[Column, Column]]) -> Column:
     reason = F.lit(None).cast("string")
     for condition, message in reversed(rules):
         reason = F.when(condition, message).otherwise(reason)
     return reason
 
 
-def convert_events(lines: DataFrame, table_schema: T.StructType) -> DataFrame:
-    """Converted columns plus ``_reason`` (NULL for good rows), ``_event`` and ``_source_file``.
+def _missing_or_uncoercible(field: T.StructField, label: str) -> list[tuple[Column, Column]]:
+    raw = F.col(f"{_RAW}.`{field.name}`")
+    return [
+        (raw.isNull(), F.lit(f"missing {label} '{field.name}'")),
+        (
+            F.col(f"`{field.name}`").isNull(),
+            F.concat(F.lit(f"{label} '{field.name}': "), raw, F.lit(f" is not a {_type_name(field.dataType)}")),
+        ),
+    ]
 
-    ``lines`` has one row per NDJSON line in column ``value`` (``spark.read.text``).
+
+def _rejection_reason(fields: list[T.StructField], stream: StreamSpec, identifier_columns: list[str]) -> Column:
+    """The first rule an event breaks, or NULL when it converts."""
+    any_field = reduce(operator.or_, [F.col(f"{_RAW}.`{f.name}`").isNotNull() for f in fields], F.lit(False))
+    is_delete = F.col(OPERATION_COLUMN) == F.lit(DELETE)
+    rules: list[tuple[Column, Column]] = [
+        (F.json_object_keys(F.col(EVENT_COLUMN)).isNull(), F.lit("not a JSON object"))
+    ]
+    if stream.applies_changes:
+        rules.append(
+            (
+                F.col(OPERATION_COLUMN).isNull(),
+                F.concat(F.lit("unrecognized operation '"), F.coalesce(F.col(_RAW_OPERATION), F.lit("")), F.lit("'")),
+            )
+        )
+    if stream.is_debezium:
+        rules.append(
+            (
+                F.json_object_keys(F.col(_ROW)).isNull(),
+                F.when(is_delete, F.lit("Debezium delete without a 'before' row")).otherwise(
+                    F.lit("Debezium change without an 'after' row")
+                ),
+            )
+        )
+    rules.append((~any_field, F.lit("no field matches the table schema")))
+    by_name = {field.name: field for field in fields}
+    for name in identifier_columns:
+        rules.extend(_missing_or_uncoercible(by_name[name], "identifier column"))
+    for field in fields:
+        if not field.nullable and field.name not in identifier_columns:
+            rules.extend(
+                (~is_delete & condition, message)
+                for condition, message in _missing_or_uncoercible(field, "required field")
+            )
+    return _first_failure(rules)
+
+
+def read_landing_lines(spark: SparkSession, files: list[str]) -> DataFrame:
+    """One row per non-empty line of the files: its text, file name and 1-based line number."""
+    whole_files = spark.read.text(files, wholetext=True).select(
+        F.col("value"), F.element_at(F.split(F.input_file_name(), "/"), -1).alias(SOURCE_FILE_COLUMN)
+    )
+    lines = whole_files.select(SOURCE_FILE_COLUMN, F.posexplode(F.split(F.col("value"), "\n")).alias("index", "text"))
+    return lines.where(F.trim(F.col("text")) != "").select(
+        F.col("text").alias(EVENT_COLUMN), SOURCE_FILE_COLUMN, (F.col("index") + 1).alias(LINE_COLUMN)
+    )
+
+
+def convert_events(
+    lines: DataFrame, table_schema: T.StructType, stream: StreamSpec, identifier_columns: list[str]
+) -> DataFrame:
+    """Converted columns plus operation, source position and ``_lakehouse_reason`` (NULL when good).
+
+    ``lines`` comes from :func:`read_landing_lines`.
     """
     text_schema = T.StructType([T.StructField(field.name, T.StringType()) for field in table_schema])
-    parsed = (
-        lines.where(F.trim(F.col("value")) != "")
-        .select(
-            F.col("value").alias(EVENT_COLUMN),
-            F.element_at(F.split(F.input_file_name(), "/"), -1).alias(SOURCE_FILE_COLUMN),
-        )
-        .withColumn(_RAW, F.from_json(F.col(EVENT_COLUMN), text_schema))
-    )
-    converted = parsed.select(
+    shape = event_shape(stream, F.col(EVENT_COLUMN), [F.col(SOURCE_FILE_COLUMN), F.col(LINE_COLUMN)])
+    parsed = lines.select(
         EVENT_COLUMN,
         SOURCE_FILE_COLUMN,
-        _RAW,
+        LINE_COLUMN,
+        shape.row.alias(_ROW),
+        shape.raw_operation.alias(_RAW_OPERATION),
+        shape.operation.alias(OPERATION_COLUMN),
+        F.struct(*shape.position).alias(POSITION_COLUMN),
+    ).withColumn(_RAW, F.from_json(F.col(_ROW), text_schema))
+    converted = parsed.select(
+        "*",
         *[_coerce(F.col(f"{_RAW}.`{field.name}`"), field.dataType).alias(field.name) for field in table_schema],
     )
-    return converted.withColumn(REASON_COLUMN, _rejection_reason(list(table_schema))).drop(_RAW)
+    reason = _rejection_reason(list(table_schema), stream, identifier_columns)
+    return converted.withColumn(REASON_COLUMN, reason).drop(_RAW, _ROW, _RAW_OPERATION)
 
 
-def staged_events(converted: DataFrame, table_schema: T.StructType) -> DataFrame:
-    """What a writer stages in one pass: the converted columns for every event, plus reason,
-    original text and source file for the rejected ones (NULL for good rows, so they cost nothing)."""
-    rejected = F.col(REASON_COLUMN).isNotNull()
+def staged_events(converted: DataFrame, table_schema: T.StructType, identifier_columns: list[str]) -> DataFrame:
+    """What a writer stages in one pass: the converted columns and operation of every kept event,
+    plus reason, original text, file and line for the rejected ones (NULL for good rows).
+
+    With identifier columns, a key's changes are first collapsed to their net effect.
+    """
+    accepted = F.col(REASON_COLUMN).isNull()
+    if identifier_columns:
+        converted = collapse_changes(converted, identifier_columns, OPERATION_COLUMN, POSITION_COLUMN, accepted)
     return converted.select(
         *[F.col(f"`{field.name}`") for field in table_schema],
+        F.col(OPERATION_COLUMN),
         F.col(REASON_COLUMN),
-        F.when(rejected, F.col(EVENT_COLUMN)).alias(EVENT_COLUMN),
-        F.when(rejected, F.col(SOURCE_FILE_COLUMN)).alias(SOURCE_FILE_COLUMN),
+        *[F.when(~accepted, F.col(name)).alias(name) for name in (EVENT_COLUMN, SOURCE_FILE_COLUMN, LINE_COLUMN)],
     )
 
 
 def accepted_rows(staged: DataFrame, columns: list[str]) -> DataFrame:
-    """The staged rows to publish, in the table's column order."""
-    return staged.where(F.col(REASON_COLUMN).isNull()).select(*[F.col(f"`{name}`") for name in columns])
+    """The staged rows to publish, in the table's column order, with their operation."""
+    return staged.where(F.col(REASON_COLUMN).isNull()).select(
+        *[F.col(f"`{name}`") for name in columns], F.col(OPERATION_COLUMN)
+    )
 
 
 def rejected_events(staged: DataFrame) -> DataFrame:
-    """The staged events that go to the dead letters: original text, reason and source file."""
+    """The staged events that go to the dead letters: original text, reason, file and line."""
     return staged.where(F.col(REASON_COLUMN).isNotNull()).select(
         F.col(EVENT_COLUMN).alias("event"),
         F.col(REASON_COLUMN).alias("reason"),
         F.col(SOURCE_FILE_COLUMN).alias("source_file"),
+        F.col(LINE_COLUMN).cast("long").alias("source_line"),
     )

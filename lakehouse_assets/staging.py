@@ -14,12 +14,19 @@ from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
 from lakehouse_assets.batch_ledger import EVENTS_DIR, StagedBatch, StreamLedger
+from lakehouse_assets.change_events import DELETE
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
-from lakehouse_assets.conversion import REASON_COLUMN, convert_events, staged_events
+from lakehouse_assets.conversion import (
+    OPERATION_COLUMN,
+    REASON_COLUMN,
+    convert_events,
+    read_landing_lines,
+    staged_events,
+)
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.tables import ensure_table, qualified_name
+from lakehouse_assets.tables import ensure_table, identifier_columns, qualified_name
 
 # Event times in the ledger and in snapshot summaries: ISO 8601 in UTC (the session time zone), so
 # they compare correctly as strings.
@@ -72,20 +79,23 @@ def stage_batch(
         )
     ensure_table(spark, config, paths, stream)
     table_schema = spark.table(qualified_name(stream.table_identifier)).schema
+    keys = identifier_columns(config, paths, stream)
 
     attempt, attempt_dir = ledger.new_attempt(sequence)
-    lines = spark.read.text([str(directory / name) for name in minted.files])
-    staged_frame = staged_events(convert_events(lines, table_schema), table_schema)
+    lines = read_landing_lines(spark, [str(directory / name) for name in minted.files])
+    staged_frame = staged_events(convert_events(lines, table_schema, stream, keys), table_schema, keys)
     # One pass over the events: counts and the event-time range are observed while writing.
     accepted = F.col(REASON_COLUMN).isNull()
+    deleted = accepted & (F.col(OPERATION_COLUMN) == F.lit(DELETE))
     event_time = stream.resolved_event_time_column()
     if event_time not in table_schema.fieldNames():
         event_time = None
     observation = Observation(f"batch-{sequence}")
-    event_times = F.when(accepted, F.col(event_time)) if event_time else F.lit(None).cast("timestamp")
+    event_times = F.when(accepted & ~deleted, F.col(event_time)) if event_time else F.lit(None).cast("timestamp")
     observed = staged_frame.observe(
         observation,
-        F.count(F.when(accepted, 1)).alias("rows"),
+        F.count(F.when(accepted & ~deleted, 1)).alias("rows"),
+        F.count(F.when(deleted, 1)).alias("deletes"),
         F.count(F.when(~accepted, 1)).alias("rejected"),
         F.date_format(F.min(event_times), ISO_8601_UTC).alias("min_event_time"),
         F.date_format(F.max(event_times), ISO_8601_UTC).alias("max_event_time"),
@@ -96,6 +106,7 @@ def stage_batch(
         sequence=sequence,
         attempt=attempt,
         rows=metrics["rows"],
+        deletes=metrics["deletes"],
         rejected=metrics["rejected"],
         min_event_time=metrics["min_event_time"],
         max_event_time=metrics["max_event_time"],

@@ -7,10 +7,10 @@ import re
 from pyspark.sql import SparkSession
 
 from lakehouse_assets.config import LakehouseConfig, PartitionFieldSpec, StreamSpec
-from lakehouse_assets.errors import TableNotFoundError
+from lakehouse_assets.errors import ConfigError, TableNotFoundError
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.table_metadata import CATALOG_NAME, current_metadata_location
+from lakehouse_assets.table_metadata import CATALOG_NAME, current_metadata_location, load_committed_table
 
 SPARK_TYPE_BY_ICEBERG_TYPE = {
     "boolean": "boolean",
@@ -28,6 +28,13 @@ SPARK_TYPE_BY_ICEBERG_TYPE = {
 # that a competing committer already published. Our committer retries itself after re-reading the
 # ancestry, so Iceberg's own retry is turned off on every table we create.
 MANAGED_TABLE_PROPERTIES = {"commit.retry.num-retries": "0"}
+# Row-level changes write position deletes (format v2) or deletion vectors (v3) instead of
+# rewriting data files.
+MERGE_ON_READ_PROPERTIES = {
+    "write.merge.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.delete.mode": "merge-on-read",
+}
 
 
 def spark_type(iceberg_type: str) -> str:
@@ -61,7 +68,8 @@ def create_table_statement(stream: StreamSpec) -> str:
         statement += f"\nPARTITIONED BY ({partitions})"
     if stream.table_location:
         statement += f"\nLOCATION '{stream.table_location}'"
-    properties = {**stream.table_properties, **MANAGED_TABLE_PROPERTIES}
+    change_properties = MERGE_ON_READ_PROPERTIES if stream.applies_changes else {}
+    properties = {**change_properties, **stream.table_properties, **MANAGED_TABLE_PROPERTIES}
     rendered = ", ".join(f"'{key}' = '{value}'" for key, value in sorted(properties.items()))
     return statement + f"\nTBLPROPERTIES ({rendered})"
 
@@ -91,4 +99,26 @@ def ensure_table(
         namespace = stream.namespace
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified_name(namespace)}")
         spark.sql(create_table_statement(stream))
+        if stream.identifier_columns:
+            fields = ", ".join(f"`{name}`" for name in stream.identifier_columns)
+            spark.sql(f"ALTER TABLE {qualified_name(identifier)} SET IDENTIFIER FIELDS {fields}")
     return True
+
+
+def identifier_columns(config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec) -> list[str]:
+    """The key columns of a stream that applies changes: configured, else the table's identifier fields.
+
+    Empty for append-only streams. Raises ConfigError when a change stream has neither.
+    """
+    if not stream.applies_changes:
+        return []
+    if stream.identifier_columns:
+        return list(stream.identifier_columns)
+    table = load_committed_table(config, paths, stream.table_identifier)
+    names = list(table.schema().identifier_field_names()) if table else []
+    if not names:
+        raise ConfigError(
+            f"stream {stream.name!r}: identifier_columns: not configured and table {stream.table_identifier} "
+            "has no identifier fields; set identifier_columns"
+        )
+    return sorted(names)

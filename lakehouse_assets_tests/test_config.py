@@ -22,7 +22,25 @@ def test_packaged_demo_config_is_used_without_a_file(monkeypatch, tmp_path):
         ({"flush": {"max_age": "5 minutes"}}, "stream 'orders': flush.max_age: invalid duration '5 minutes'"),
         ({"flsh": {}}, "stream 'orders': flsh: unknown key"),
         ({"table_identifier": "orders"}, "stream 'orders': table_identifier: 'orders' is not of the form"),
-        ({"operation": "${/op}"}, "stream 'orders': operation: row-level operations are not supported yet"),
+        (
+            {"operation": "${/op}"},
+            "stream 'orders': identifier_columns: required when the stream applies changes and creates its table",
+        ),
+        ({"operation": "${op}"}, "stream 'orders': operation: '${op}' is not a JSON pointer expression"),
+        ({"operation": "upsert"}, "stream 'orders': operation: constant operation 'upsert' is not one of"),
+        (
+            {"operation": "${/op}", "identifier_columns": ["customer_id"]},
+            "identifier_columns: 'customer_id' must be declared with required: true",
+        ),
+        (
+            {"operation": "${/op}", "identifier_columns": ["nope"]},
+            "identifier_columns: 'nope' is not a declared column",
+        ),
+        ({"identifier_columns": ["order_id"]}, "identifier_columns: only used with operation or format: debezium"),
+        (
+            {"source": {"landing": {"format": "debezium"}}, "operation": "${/op}", "identifier_columns": ["order_id"]},
+            "operation: a Debezium stream takes each event's operation from its envelope's 'op'",
+        ),
         (
             {"schema": {"columns": [{"name": "a", "type": "varchar"}]}},
             "stream 'orders': schema.columns.0.type: unsupported type 'varchar'",
@@ -65,3 +83,16 @@ def test_missing_config_file_named_by_env_is_an_error(monkeypatch, tmp_path):
 @pytest.mark.parametrize(("text", "seconds"), [("0s", 0), ("250ms", 0.25), ("5m", 300), ("1h", 3600), (30, 30)])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
+
+
+def test_change_streams_accept_operation_pointers_constants_and_debezium():
+    pointer = parse_config(
+        {"streams": [{**ORDERS_STREAM, "operation": "${/meta/op}", "identifier_columns": ["order_id"]}]}
+    )
+    assert pointer.stream("orders").applies_changes
+    constant = parse_config({"streams": [{**ORDERS_STREAM, "operation": "Delete", "identifier_columns": ["order_id"]}]})
+    assert constant.stream("orders").operation == "Delete"
+    debezium = {**ORDERS_STREAM, "source": {"landing": {"format": "debezium"}}, "identifier_columns": ["order_id"]}
+    assert parse_config({"streams": [debezium]}).stream("orders").is_debezium
+    existing_table = {**ORDERS_STREAM, "auto_create": False, "operation": "${/op}"}
+    assert parse_config({"streams": [existing_table]}).stream("orders").identifier_columns is None

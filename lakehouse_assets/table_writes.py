@@ -1,0 +1,99 @@
+"""How rows reach a table from Spark, with ``lakehouse.*`` keys in the snapshot summary.
+
+Appends pass the keys as ``snapshot-property.*`` write options. ``MERGE INTO`` is SQL, which has no
+such option, so the statement runs inside Iceberg's ``CommitMetadata.withCommitProperties``: a
+thread-local that Iceberg's Spark writer adds to the commit's summary. It is called through py4j
+with a Python ``Callable``; py4j runs the callback's own Spark calls on the calling JVM thread, so
+the thread-local is visible to the MERGE's commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.java_gateway import ensure_callback_server_started
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from lakehouse_assets.change_events import DELETE
+from lakehouse_assets.conversion import OPERATION_COLUMN
+from lakehouse_assets.tables import qualified_name
+
+
+@dataclass(frozen=True)
+class ChangeCounts:
+    """Rows a MERGE inserts, updates and deletes (deleting a missing key counts nothing)."""
+
+    inserted: int
+    updated: int
+    deleted: int
+
+
+def append_rows(frame: DataFrame, identifier: str, properties: dict[str, str]) -> None:
+    """Append ``frame`` to the table in one commit carrying ``properties`` in its summary."""
+    writer = frame.writeTo(qualified_name(identifier))
+    for key, value in properties.items():
+        writer = writer.option(f"snapshot-property.{key}", value)
+    writer.append()
+
+
+def count_changes(spark: SparkSession, identifier: str, changes: DataFrame, keys: list[str]) -> ChangeCounts:
+    """What merging ``changes`` (one row per key, with its net operation) will do to the table."""
+    existing = spark.table(qualified_name(identifier)).select(*keys).withColumn("_lakehouse_exists", F.lit(True))
+    joined = changes.select(*keys, OPERATION_COLUMN).join(existing, on=keys, how="left")
+    is_delete = F.col(OPERATION_COLUMN) == F.lit(DELETE)
+    exists = F.col("_lakehouse_exists").isNotNull()
+    row = joined.agg(
+        F.count(F.when(~is_delete & ~exists, 1)).alias("inserted"),
+        F.count(F.when(~is_delete & exists, 1)).alias("updated"),
+        F.count(F.when(is_delete & exists, 1)).alias("deleted"),
+    ).first()
+    return ChangeCounts(row["inserted"], row["updated"], row["deleted"])
+
+
+class _SqlStatement:
+    """A ``java.util.concurrent.Callable`` that runs one SQL statement on a session."""
+
+    def __init__(self, spark: SparkSession, statement: str) -> None:
+        self.spark = spark
+        self.statement = statement
+
+    def call(self) -> None:
+        self.spark.sql(self.statement)
+
+    class Java:
+        implements = ["java.util.concurrent.Callable"]
+
+
+def merge_changes(
+    spark: SparkSession,
+    identifier: str,
+    changes: DataFrame,
+    keys: list[str],
+    columns: list[str],
+    properties: dict[str, str],
+    view_name: str,
+) -> None:
+    """Apply net changes (UPSERT or DELETE per key) in one MERGE commit carrying ``properties``."""
+    changes.createOrReplaceTempView(view_name)
+    on = " AND ".join(f"t.`{key}` = s.`{key}`" for key in keys)
+    assignments = ", ".join(f"t.`{column}` = s.`{column}`" for column in columns)
+    names = ", ".join(f"`{column}`" for column in columns)
+    values = ", ".join(f"s.`{column}`" for column in columns)
+    statement = (
+        f"MERGE INTO {qualified_name(identifier)} t USING {view_name} s ON {on} "
+        f"WHEN MATCHED AND s.{OPERATION_COLUMN} = '{DELETE}' THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET {assignments} "
+        f"WHEN NOT MATCHED AND s.{OPERATION_COLUMN} <> '{DELETE}' THEN INSERT ({names}) VALUES ({values})"
+    )
+    jvm = spark.sparkContext._jvm
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    java_properties = jvm.java.util.HashMap()
+    for key, value in properties.items():
+        java_properties.put(key, value)
+    try:
+        jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(
+            java_properties, _SqlStatement(spark, statement), jvm.java.lang.Class.forName("java.lang.Exception")
+        )
+    finally:
+        spark.catalog.dropTempView(view_name)
