@@ -15,7 +15,9 @@ from pyiceberg.table import StaticTable
 from pyiceberg.table.snapshots import ancestors_of
 
 from lakehouse_assets import summary_keys
+from lakehouse_assets.change_events import DELETE
 from lakehouse_assets.config import ColumnSpec
+from lakehouse_assets.conversion import OPERATION_COLUMN, REASON_COLUMN
 from lakehouse_assets.duck import manifest_entries, scan
 
 DUCKDB_TYPE_BY_ICEBERG_TYPE = {
@@ -54,6 +56,14 @@ class CommittedSnapshot:
 
 def _duckdb_type(iceberg_type: str) -> str:
     return DUCKDB_TYPE_BY_ICEBERG_TYPE.get(iceberg_type, iceberg_type.upper().replace(" ", ""))
+
+
+def snapshot_columns(snapshot: CommittedSnapshot) -> list:
+    """The Iceberg fields of the table's schema at ``snapshot``."""
+    table = snapshot.table()
+    schema_id = table.metadata.snapshot_by_id(snapshot.snapshot_id).schema_id
+    schema = next((s for s in table.metadata.schemas if s.schema_id == schema_id), table.schema())
+    return list(schema.fields)
 
 
 def check_schema(
@@ -151,4 +161,66 @@ def check_unique_data_files(connection: duckdb.DuckDBPyConnection, snapshot: Com
         if duplicates
         else f"{files} data files, each referenced once",
         {"data_files": files, "duplicated": [path for path, _ in duplicates[:20]]},
+    )
+
+
+def check_keys_unique(
+    connection: duckdb.DuckDBPyConnection, snapshot: CommittedSnapshot, keys: list[str]
+) -> CheckOutcome:
+    """No identifier key appears twice in the snapshot."""
+    key_list = ", ".join(f'"{key}"' for key in keys)
+    duplicates = connection.sql(
+        f"SELECT {key_list}, count(*) AS n FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)} "
+        f"GROUP BY {key_list} HAVING count(*) > 1 ORDER BY n DESC LIMIT 20"
+    ).fetchall()
+    return CheckOutcome(
+        not duplicates,
+        f"{len(duplicates)} keys appear more than once" if duplicates else f"every ({key_list}) is unique",
+        {"duplicated_keys": [str(row[:-1]) for row in duplicates]},
+    )
+
+
+@dataclass(frozen=True)
+class CommittedChanges:
+    """One committed change batch: its sequence, the snapshot its MERGE made, its staged Parquet."""
+
+    sequence: int
+    snapshot_id: int
+    staged_parquet: str
+
+
+def check_changes_applied(
+    connection: duckdb.DuckDBPyConnection,
+    metadata_location: str,
+    batches: list[CommittedChanges],
+    keys: list[str],
+    columns: list[str],
+) -> CheckOutcome:
+    """On each batch's own snapshot, its net deletes are absent and its upserts hold its values."""
+    join = " AND ".join(f't."{key}" = c."{key}"' for key in keys)
+    differs = " OR ".join(f't."{column}" IS DISTINCT FROM c."{column}"' for column in columns)
+    problems, deletes, upserts = [], 0, 0
+    for batch in batches:
+        changes = f"(SELECT * FROM read_parquet('{batch.staged_parquet}/*.parquet') WHERE {REASON_COLUMN} IS NULL)"
+        table = scan(metadata_location, batch.snapshot_id)
+        deletes += connection.sql(f"SELECT count(*) FROM {changes} WHERE {OPERATION_COLUMN} = '{DELETE}'").fetchone()[0]
+        upserts += connection.sql(f"SELECT count(*) FROM {changes} WHERE {OPERATION_COLUMN} <> '{DELETE}'").fetchone()[
+            0
+        ]
+        still_there = connection.sql(
+            f"SELECT count(*) FROM {changes} c JOIN {table} t ON {join} WHERE c.{OPERATION_COLUMN} = '{DELETE}'"
+        ).fetchone()[0]
+        wrong = connection.sql(
+            f"SELECT count(*) FROM {changes} c LEFT JOIN {table} t ON {join} "
+            f"WHERE c.{OPERATION_COLUMN} <> '{DELETE}' AND (t.\"{keys[0]}\" IS NULL OR {differs})"
+        ).fetchone()[0]
+        if still_there:
+            problems.append(f"batch {batch.sequence}: {still_there} deleted keys are still present")
+        if wrong:
+            problems.append(f"batch {batch.sequence}: {wrong} upserted keys are missing or hold other values")
+    return CheckOutcome(
+        not problems,
+        "; ".join(problems)
+        or f"{len(batches)} batches: {deletes} deleted keys absent, {upserts} upserted keys hold their values",
+        {"batches": [batch.sequence for batch in batches], "deleted_keys": deletes, "upserted_keys": upserts},
     )

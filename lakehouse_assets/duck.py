@@ -20,6 +20,7 @@ def _extension_file(extension: str, package: str) -> str:
 def iceberg_connection() -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection that can run ``iceberg_scan`` and ``iceberg_metadata``."""
     connection = duckdb.connect()
+    connection.execute("SET TimeZone = 'UTC'")
     for extension, package in EXTENSION_PACKAGES:
         connection.execute(f"INSTALL '{_extension_file(extension, package)}'")
         connection.execute(f"LOAD {extension}")

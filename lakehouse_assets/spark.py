@@ -44,6 +44,7 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "4",
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         # The writer stages only rows whose required columns are set, so Parquet's nullable

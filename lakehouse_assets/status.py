@@ -15,11 +15,11 @@ from lakehouse_assets.recovery import committed_state
 from lakehouse_assets.table_metadata import load_committed_table
 
 
-def _last_checks(instance: dg.DagsterInstance | None, table_identifier: str) -> dict[str, str]:
+def _last_checks(instance: dg.DagsterInstance | None, table_identifier: str, changes: bool) -> dict[str, str]:
     if instance is None:
         return {}
     results = {}
-    for check_name in names.CHECK_NAMES:
+    for check_name in names.CHECK_NAMES + (names.CHANGE_CHECK_NAMES if changes else ()):
         key = dg.AssetCheckKey(names.table_key(table_identifier), check_name)
         record = instance.get_latest_asset_check_evaluation_record(key)
         results[check_name] = record.status.value if record else "never run"
@@ -60,7 +60,7 @@ def lakehouse_status(
                 "data_files": int(summary.get("total-data-files", 0)),
                 "snapshots": len(table.metadata.snapshots) if table else 0,
                 "streams": stream_entries,
-                "last_checks": _last_checks(instance, table_identifier),
+                "last_checks": _last_checks(instance, table_identifier, any(s.applies_changes for s in streams)),
             }
         )
     return report

@@ -3,9 +3,12 @@
 import dagster as dg
 
 from lakehouse_assets import checks
+from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
+from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.duck import iceberg_connection
+from lakehouse_assets.tables import identifier_columns
 
 
 def committed_snapshot(context: dg.AssetCheckExecutionContext, asset_key: dg.AssetKey) -> checks.CommittedSnapshot:
@@ -85,9 +88,66 @@ def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.As
         snapshot = committed_snapshot(context, asset_key)
         return _result(checks.check_unique_data_files(iceberg_connection(), snapshot), snapshot)
 
-    return [
+    table_level = [
         schema_matches_declared,
         rows_reconcile_with_batches,
         batch_ranges_contiguous,
         data_files_unique,
     ]
+    change_streams = [stream for stream in streams if stream.applies_changes]
+    return table_level + (change_checks(table_identifier, change_streams) if change_streams else [])
+
+
+def _last_published_changes(lakehouse: LakehouseResource, stream: StreamSpec) -> list[checks.CommittedChanges]:
+    """Change batches the last committer run published; their staged Parquet is kept until the next run."""
+    ledger = StreamLedger(lakehouse.paths().staging(stream.name))
+    return [
+        checks.CommittedChanges(record.sequence, record.committed.snapshot_id, str(record.events_path()))
+        for record in ledger.batches()
+        if record.committed and record.staged and record.events_path().is_dir()
+    ]
+
+
+def change_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.AssetChecksDefinition]:
+    """The checks of a table that change streams write: unique keys, and each batch applied exactly."""
+    asset_key = names.table_key(table_identifier)
+
+    @dg.asset_check(
+        asset=asset_key,
+        name=names.KEYS_UNIQUE_CHECK,
+        blocking=True,
+        description="No identifier key appears twice in the committed snapshot.",
+    )
+    def identifier_keys_unique(
+        context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource
+    ) -> dg.AssetCheckResult:
+        snapshot = committed_snapshot(context, asset_key)
+        keys = identifier_columns(lakehouse.config(), lakehouse.paths(), streams[0])
+        return _result(checks.check_keys_unique(iceberg_connection(), snapshot, keys), snapshot)
+
+    @dg.asset_check(
+        asset=asset_key,
+        name=names.CHANGES_APPLIED_CHECK,
+        blocking=True,
+        description="On each batch's snapshot, its net deletes are absent and its upserts hold the batch's values.",
+    )
+    def changes_applied(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
+        snapshot = committed_snapshot(context, asset_key)
+        config, paths = lakehouse.config(), lakehouse.paths()
+        outcomes = []
+        for stream in streams:
+            stream = config.stream(stream.name)
+            keys = identifier_columns(config, paths, stream)
+            columns = [column.name for column in checks.snapshot_columns(snapshot)]
+            batches = _last_published_changes(lakehouse, stream)
+            outcomes.append(
+                checks.check_changes_applied(iceberg_connection(), snapshot.metadata_location, batches, keys, columns)
+            )
+        merged = checks.CheckOutcome(
+            all(outcome.passed for outcome in outcomes),
+            "; ".join(outcome.description for outcome in outcomes),
+            {key: value for outcome in outcomes for key, value in outcome.metadata.items()},
+        )
+        return _result(merged, snapshot)
+
+    return [identifier_keys_unique, changes_applied]

@@ -14,7 +14,10 @@ SCHEMA_CHECK = "schema_matches_declared"
 ROW_COUNT_CHECK = "rows_reconcile_with_batches"
 SEQUENCE_CHECK = "batch_ranges_contiguous"
 DATA_FILES_CHECK = "data_files_unique"
+KEYS_UNIQUE_CHECK = "identifier_keys_unique"
+CHANGES_APPLIED_CHECK = "changes_applied"
 CHECK_NAMES = (SCHEMA_CHECK, ROW_COUNT_CHECK, SEQUENCE_CHECK, DATA_FILES_CHECK)
+CHANGE_CHECK_NAMES = (KEYS_UNIQUE_CHECK, CHANGES_APPLIED_CHECK)
 
 
 def table_key(table_identifier: str) -> dg.AssetKey:
