@@ -116,7 +116,9 @@ class ChangeGenerator:
             exists = key in self.model.rows
             operation = self.rng.choices(["INSERT", "UPDATE", "DELETE"], weights=[4, 4, 3] if exists else [6, 2, 2])[0]
             row = self._row(key)
-            before = None if not exists else dict(zip(("id", "name", "amount", "ts_ms"), self.model.rows[key]))
+            before = (
+                None if not exists else dict(zip(("id", "name", "amount", "ts_ms"), self.model.rows[key], strict=True))
+            )
             line = self._render(operation, row, before)
             self.model.apply(operation, row)
             lines.append(line)
@@ -171,11 +173,10 @@ def test_random_change_streams_produce_exactly_the_model(
     assert any(int(summary.get(delete_kind, "0")) > 0 for summary in merges)
     assert all(summary_keys.INSERTED in summary for summary in merges)
 
+    dead_letter_table = "crm.customers_dead_letters"
     dead = (
         iceberg_connection()
-        .sql(
-            f"SELECT reason FROM iceberg_scan('{current_metadata_location(config, paths, 'crm.customers_dead_letters')}')"
-        )
+        .sql(f"SELECT reason FROM iceberg_scan('{current_metadata_location(config, paths, dead_letter_table)}')")
         .fetchall()
     )
     expected_reason = (
