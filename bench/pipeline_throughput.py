@@ -113,8 +113,7 @@ def main() -> None:
         pipeline_seconds = time.perf_counter() - started
         assert not report.failed, report.failed
         run_seconds = {
-            record.dagster_run.job_name: record.end_time - record.start_time
-            for record in instance.get_run_records()
+            record.dagster_run.job_name: record.end_time - record.start_time for record in instance.get_run_records()
         }
 
         land_events(paths, stream, _events(1, seed=99)[:1])
@@ -127,12 +126,16 @@ def main() -> None:
     rows = iceberg_connection().sql(f"SELECT count(*) FROM {scan(location, table.current_snapshot().snapshot_id)}")
     assert rows.fetchone()[0] == args.events + 1
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"Spark {pyspark.__version__} local[2], Dagster {dg.__version__}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"Spark {pyspark.__version__} local[2], Dagster {dg.__version__}"
+    )
     print(f"events: {args.events} ({megabytes:.0f} MB NDJSON in {len(files)} files)")
     print(f"bare Spark JSON -> Iceberg append: {baseline_seconds:.1f} s, {args.events / baseline_seconds:,.0f} rows/s")
-    print(f"full pipeline (sensor, writer, committer, 4 DuckDB checks): {pipeline_seconds:.1f} s, "
-          f"{args.events / pipeline_seconds:,.0f} rows/s")
+    print(
+        f"full pipeline (sensor, writer, committer, 4 DuckDB checks): {pipeline_seconds:.1f} s, "
+        f"{args.events / pipeline_seconds:,.0f} rows/s"
+    )
     print(f"ratio pipeline/bare: {baseline_seconds / pipeline_seconds:.2f}")
     for job_name, seconds in sorted(run_seconds.items()):
         print(f"  run {job_name}: {seconds:.1f} s")
