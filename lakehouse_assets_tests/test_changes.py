@@ -236,3 +236,29 @@ def test_change_checks_fail_on_duplicated_keys_and_on_a_batch_not_applied(
     location = current_metadata_location(config, paths, "crm.customers")
     outcome = checks.check_keys_unique(connection, checks.CommittedSnapshot(location, duplicated), ["id"])
     assert not outcome.passed and outcome.metadata["duplicated_keys"] == ["(3,)"]
+
+
+def test_replaying_a_change_batch_leaves_the_same_table(lakehouse_home, paths, instance, tmp_path, monkeypatch):
+    from pyspark.sql import functions as F
+
+    from lakehouse_assets.batch_ledger import StreamLedger
+    from lakehouse_assets.conversion import accepted_rows
+    from lakehouse_assets.spark import lakehouse_session
+    from lakehouse_assets.table_writes import merge_changes
+
+    write_config(tmp_path, {"streams": [customers_stream("2", "json")]}, monkeypatch)
+    config = load_config()
+    stream = config.stream("customers")
+    generator = ChangeGenerator(seed=5, landing_format="json")
+    land_events(paths, stream, generator.batch(60))
+    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+    before = _table_rows(config, paths)
+
+    spark = lakehouse_session(config, paths)
+    batch = StreamLedger(paths.staging("customers")).batch(1)
+    columns = ["id", "name", "amount", "ts"]
+    changes = accepted_rows(spark.read.parquet(str(batch.events_path())), columns)
+    assert changes.groupBy("id").count().where(F.col("count") > 1).count() == 0
+    merge_changes(spark, "crm.customers", changes, ["id"], columns, {}, "replayed_batch")
+
+    assert _table_rows(config, paths) == before == sorted(generator.model.rows.values())
