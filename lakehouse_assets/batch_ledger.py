@@ -194,6 +194,13 @@ class StreamLedger:
             exclusive=False,
         )
 
+    def reset_to_minted(self, sequence: int) -> None:
+        """Forget that a batch was staged and committed, so it can be staged again from its files."""
+        directory = self._directory(sequence)
+        (directory / COMMITTED_FILE).unlink(missing_ok=True)
+        (directory / STAGED_FILE).unlink(missing_ok=True)
+        self.remove_attempts(sequence)
+
     def remove_attempts(self, sequence: int, keep: str | None = None) -> None:
         """Delete attempt directories of a batch, except ``keep``."""
         directory = self._directory(sequence)

@@ -1,51 +1,56 @@
-"""How staged batches are committed: recover from the ancestry, then one append per target table.
+"""How staged batches are committed: recover from the ancestry, fence stale committers, publish.
 
-Protocol, per stream of a table, holding the table's commit lock:
+A committer pass over one table:
 
-1. read the highest committed sequence from the table's current snapshot ancestry;
-2. mark staged batches at or below it committed (a crash after an earlier commit), without
-   committing them again;
-3. take the contiguous run of staged batches above it (a missing batch stops the run, loudly);
-4. append their dead letters to the dead-letter table, then publish their rows to the table: one
-   append for all ready batches of an append stream, one MERGE per batch (in order) for a change
-   stream; every commit carries the ``lakehouse.*`` summary keys, and each table's own ancestry
-   says whether its part is already done, so a crash between the two commits is repaired by the
-   next run;
-5. re-read the ancestry to confirm the commit and record the bookkeeping. Staged Parquet is
-   removed by the next committer run, so the checks of this run can still read the batches.
+1. reads the table's current snapshot (its expected base) and takes an epoch one above every
+   epoch in the ancestry, then takes the table's OS lock;
+2. is fenced (stops without committing) if, under the lock, the table moved from that base or a
+   newer committer appears in the ancestry;
+3. per stream, reads the highest committed sequence from the current snapshot ancestry (walking
+   parents, so a rolled-back batch is committed again), marks staged batches at or below it
+   committed without committing them again, and takes the contiguous staged batches above it (a
+   missing batch stops the stream with an error naming it);
+4. appends their dead letters to the dead-letter table, then publishes their rows: one append for
+   all ready batches of an append stream, one MERGE per batch, in order, for a change stream.
+   Every commit carries the ``lakehouse.*`` summary keys; each table's own ancestry says whether
+   its part is already done, so a crash between the two commits is completed, not repeated;
+5. decides whether a commit landed only by re-reading the ancestry, whatever the write call
+   reported, and retries a conflicting commit itself after re-reading (Iceberg's own retry is off);
+6. records the bookkeeping. Staged Parquet is removed by the next pass, so this pass's checks can
+   read the batches; a batch whose Parquet is gone but which the ancestry no longer holds (a
+   rollback) is staged again from its landing files.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial, reduce
+from functools import partial
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyiceberg.table import Table
+from pyspark.sql import SparkSession
 
-from lakehouse_assets import summary_keys
+from lakehouse_assets import faults, summary_keys
 from lakehouse_assets.batch_ledger import BatchRecord, CommittedBatch, StreamLedger
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
-from lakehouse_assets.conversion import accepted_rows, rejected_events
-from lakehouse_assets.errors import CommitOutcomeUnknownError, SequenceGapError
+from lakehouse_assets.conversion import accepted_rows
+from lakehouse_assets.dead_letters import dead_letter_identifier, dead_letter_rows, ensure_dead_letter_table
+from lakehouse_assets.errors import CommitOutcomeUnknownError, FencedError, SequenceGapError
+from lakehouse_assets.faults import crash_point
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.recovery import committed_state
+from lakehouse_assets.recovery import committed_state, lakehouse_commits
+from lakehouse_assets.staging import stage_batch
 from lakehouse_assets.table_metadata import (
     current_metadata_location,
     load_committed_table,
 )
 from lakehouse_assets.table_writes import ChangeCounts, append_rows, count_changes, merge_changes
-from lakehouse_assets.tables import MANAGED_TABLE_PROPERTIES, identifier_columns, qualified_name
+from lakehouse_assets.tables import identifier_columns, qualified_name
 
-DEAD_LETTER_SUFFIX = "_dead_letters"
-
-
-def dead_letter_identifier(table_identifier: str) -> str:
-    """The dead-letter table that sits next to a table: ``<namespace>.<table>_dead_letters``."""
-    return f"{table_identifier}{DEAD_LETTER_SUFFIX}"
+COMMIT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -122,72 +127,120 @@ def _summary_properties(
     }
 
 
-def _ensure_dead_letter_table(spark: SparkSession, identifier: str) -> None:
-    properties = ", ".join(f"'{k}' = '{v}'" for k, v in {"format-version": "2", **MANAGED_TABLE_PROPERTIES}.items())
-    spark.sql(
-        f"CREATE TABLE IF NOT EXISTS {qualified_name(identifier)} ("
-        "event string, reason string, stream string, batch_sequence bigint, source_file string, "
-        f"source_line bigint, recorded_at timestamp) USING iceberg TBLPROPERTIES ({properties})"
-    )
+@dataclass
+class CommitterPass:
+    """One committer pass over one table: its engine, epoch and the table state it expects."""
+
+    spark: SparkSession
+    config: LakehouseConfig
+    paths: LakehousePaths
+    table_identifier: str
+    run_id: str
+    epoch: int
+    expected_snapshot_id: int | None
+
+    def table(self):
+        return load_committed_table(self.config, self.paths, self.table_identifier)
+
+    def check_fence(self) -> None:
+        """Raise FencedError when the table moved from the expected base or a newer committer wrote."""
+        table = self.table()
+        current = table.current_snapshot().snapshot_id if table and table.current_snapshot() else None
+        if current != self.expected_snapshot_id:
+            raise FencedError(
+                f"table {self.table_identifier} moved from snapshot {self.expected_snapshot_id} to {current} "
+                "since this committer planned; stopping without committing"
+            )
+        for commit in lakehouse_commits(table):
+            if commit.epoch > self.epoch or (commit.epoch == self.epoch and commit.run != self.run_id):
+                raise FencedError(
+                    f"table {self.table_identifier}: committer run {commit.run} with epoch {commit.epoch} "
+                    f"committed after this one (epoch {self.epoch}) started; stopping without committing"
+                )
 
 
-def _commit_dead_letters(
-    spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
-    stream: StreamSpec,
-    batches: list[BatchRecord],
-    epoch: int,
-    run_id: str,
-) -> int:
+@dataclass(frozen=True)
+class CommitPass:
+    """What a committer pass found and did."""
+
+    plans: list[CommitPlan]
+    results: list[CommitResult]
+    fenced: str | None = None
+
+
+def _ensure_staged_data(ctx: CommitterPass, stream: StreamSpec, record: BatchRecord) -> BatchRecord:
+    """The batch with its staged Parquet, staging it again from its landing files if it is gone."""
+    if record.events_path().is_dir():
+        return record
+    ledger = StreamLedger(ctx.paths.staging(stream.name))
+    ledger.reset_to_minted(record.sequence)
+    stage_batch(ctx.spark, ctx.config, ctx.paths, stream, record.sequence, run_id=ctx.run_id)
+    return ledger.batch(record.sequence)
+
+
+def _commit_dead_letters(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> int:
     """Append the batches' rejected events to the dead-letter table, unless its ancestry has them."""
     identifier = dead_letter_identifier(stream.table_identifier)
     count = sum(record.staged.rejected for record in batches)
     if count == 0:
         return 0
-    _ensure_dead_letter_table(spark, identifier)
-    already = committed_state(load_committed_table(config, paths, identifier), stream.name).sequence
+    ensure_dead_letter_table(ctx.spark, identifier)
+    already = committed_state(load_committed_table(ctx.config, ctx.paths, identifier), stream.name).sequence
     pending = [record for record in batches if record.sequence > already and record.staged.rejected]
-    if not pending:
-        return count
-    frames = [
-        rejected_events(spark.read.parquet(str(record.events_path()))).select(
-            "event",
-            "reason",
-            F.lit(stream.name).alias("stream"),
-            F.lit(record.sequence).cast("bigint").alias("batch_sequence"),
-            "source_file",
-            "source_line",
-            F.current_timestamp().alias("recorded_at"),
-        )
-        for record in pending
-    ]
-    rows = sum(record.staged.rejected for record in pending)
-    properties = _summary_properties(stream, pending, rows, rows, epoch, run_id)
-    append_rows(reduce(DataFrame.unionByName, frames), identifier, properties)
+    if pending:
+        rows = sum(record.staged.rejected for record in pending)
+        properties = _summary_properties(stream, pending, rows, rows, ctx.epoch, ctx.run_id)
+        append_rows(dead_letter_rows(ctx.spark, stream.name, pending), identifier, properties)
     return count
 
 
-def _commit_group(
-    spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
-    stream: StreamSpec,
-    batches: list[BatchRecord],
-    epoch: int,
-    run_id: str,
-) -> CommitResult:
+def _is_commit_conflict(error: Exception) -> bool:
+    return "CommitFailedException" in str(error)
+
+
+def _write_until_landed(ctx: CommitterPass, stream: StreamSpec, last_sequence: int, write: Callable[[], None]) -> Table:
+    """Run ``write`` until the ancestry shows ``last_sequence``; returns the table as committed.
+
+    Only the ancestry decides: a write that raised may have landed (the catalog failed after the
+    commit), and one that returned is confirmed. A commit conflict is retried after re-reading.
+    """
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        ctx.check_fence()
+        crash_point(faults.COMMITTER_BEFORE_COMMIT)
+        try:
+            write()
+            error = None
+        except Exception as raised:  # noqa: BLE001 - py4j errors of any kind; the ancestry decides below
+            error = raised
+        confirmed = ctx.table()
+        if committed_state(confirmed, stream.name).sequence >= last_sequence:
+            return confirmed
+        if error is None:
+            raise CommitOutcomeUnknownError(
+                f"table {ctx.table_identifier}: the commit of batch {last_sequence} returned but the ancestry "
+                "does not show it; staged data is kept for the next run"
+            )
+        if not _is_commit_conflict(error) or attempt == COMMIT_ATTEMPTS:
+            raise error
+        ctx.expected_snapshot_id = confirmed.current_snapshot().snapshot_id
+    raise AssertionError("unreachable")
+
+
+def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> CommitResult:
     """Publish ``batches`` in one commit (an append, or one MERGE for a change stream)."""
     identifier = stream.table_identifier
     started = time.monotonic()
-    dead_letters = _commit_dead_letters(spark, config, paths, stream, batches, epoch, run_id)
+    batches = [_ensure_staged_data(ctx, stream, record) for record in batches]
+    dead_letters = _commit_dead_letters(ctx, stream, batches)
+    crash_point(faults.COMMITTER_AFTER_DEAD_LETTERS)
+    spark = ctx.spark
     columns = spark.table(qualified_name(identifier)).columns
     staged = accepted_rows(spark.read.parquet(*[str(record.events_path()) for record in batches]), columns)
-    keys = identifier_columns(config, paths, stream)
+    keys = identifier_columns(ctx.config, ctx.paths, stream)
     if keys:
         counts = count_changes(spark, identifier, staged, keys)
         rows = counts.inserted + counts.updated
-        properties = _summary_properties(stream, batches, rows, counts.inserted - counts.deleted, epoch, run_id)
+        properties = _summary_properties(stream, batches, rows, counts.inserted - counts.deleted, ctx.epoch, ctx.run_id)
         properties.update(
             {
                 summary_keys.INSERTED: str(counts.inserted),
@@ -200,25 +253,14 @@ def _commit_group(
     else:
         rows = sum(record.staged.rows for record in batches)
         counts = ChangeCounts(inserted=rows, updated=0, deleted=0)
-        properties = _summary_properties(stream, batches, rows, rows, epoch, run_id)
+        properties = _summary_properties(stream, batches, rows, rows, ctx.epoch, ctx.run_id)
         write = partial(append_rows, staged.select(*columns), identifier, properties)
-    write_error: Exception | None = None
-    try:
-        write()
-    except Exception as error:  # noqa: BLE001 - py4j errors of any kind; the ancestry decides below
-        write_error = error
-    # Whatever the write reported, only the ancestry says whether the commit landed.
-    confirmed = load_committed_table(config, paths, identifier)
-    if committed_state(confirmed, stream.name).sequence < batches[-1].sequence:
-        if write_error is not None:
-            raise write_error
-        raise CommitOutcomeUnknownError(
-            f"table {identifier}: the commit of batches {properties[summary_keys.BATCH_RANGE]} "
-            "returned but the ancestry does not show it; staged data is kept for the next run"
-        )
+    confirmed = _write_until_landed(ctx, stream, batches[-1].sequence, write)
+    crash_point(faults.COMMITTER_AFTER_COMMIT)
     snapshot = confirmed.current_snapshot()
+    ctx.expected_snapshot_id = snapshot.snapshot_id
     committed_at = time.time()
-    ledger = StreamLedger(paths.staging(stream.name))
+    ledger = StreamLedger(ctx.paths.staging(stream.name))
     for record in batches:
         ledger.record_committed(
             record.sequence, CommittedBatch(snapshot.snapshot_id, batches[-1].sequence, committed_at)
@@ -229,7 +271,7 @@ def _commit_group(
         stream=stream.name,
         kind="merge" if keys else "append",
         snapshot_id=snapshot.snapshot_id,
-        metadata_location=current_metadata_location(config, paths, identifier),
+        metadata_location=current_metadata_location(ctx.config, ctx.paths, identifier),
         first_sequence=batches[0].sequence,
         last_sequence=batches[-1].sequence,
         rows=rows,
@@ -242,44 +284,33 @@ def _commit_group(
         commit_latency_seconds=time.monotonic() - started,
         lag_seconds=committed_at - min(record.minted.oldest_landed_at for record in batches),
         max_event_time=properties[summary_keys.MAX_EVENT_TIME] or None,
-        epoch=epoch,
+        epoch=ctx.epoch,
     )
 
 
 def _commit_stream(
-    spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
-    stream: StreamSpec,
-    epoch: int,
-    run_id: str,
-) -> tuple[CommitPlan, list[CommitResult]]:
-    ledger = StreamLedger(paths.staging(stream.name))
-    table = load_committed_table(config, paths, stream.table_identifier)
-    state = committed_state(table, stream.name)
+    ctx: CommitterPass, stream: StreamSpec, plans: list[CommitPlan], results: list[CommitResult]
+) -> None:
+    ledger = StreamLedger(ctx.paths.staging(stream.name))
+    state = committed_state(ctx.table(), stream.name)
     plan = plan_commit(ledger, stream.name, state.sequence)
+    plans.append(plan)
     for sequence in plan.recovered:
         ledger.record_committed(sequence, CommittedBatch(state.snapshot_id or 0, state.sequence, time.time()))
-    if not plan.ready:
-        return plan, []
     # Appends fold every ready batch into one commit. Changes commit one batch at a time, in order:
     # folding them would need the net effect across batches, and a per-batch commit keeps each
     # batch's deletes and upserts checkable on its own snapshot.
-    groups = [[record] for record in plan.ready] if stream.applies_changes else [plan.ready]
-    return plan, [_commit_group(spark, config, paths, stream, group, epoch, run_id) for group in groups]
+    groups = [[record] for record in plan.ready] if stream.applies_changes else [plan.ready] if plan.ready else []
+    for group in groups:
+        results.append(_commit_group(ctx, stream, group))
 
 
 def _remove_published_attempts(ledger: StreamLedger) -> None:
-    """Staged Parquet of batches committed by earlier runs; the last run's stays for its checks."""
+    """Staged Parquet of batches committed by earlier passes; the last pass's stays for its checks."""
     for record in ledger.batches():
-        if record.committed:
+        if record.committed and record.staged and record.events_path().is_dir():
             ledger.remove_attempts(record.sequence)
-
-
-def next_epoch(config: LakehouseConfig, paths: LakehousePaths, table_identifier: str) -> int:
-    """A committer's epoch: one more than the newest epoch in the table's ancestry."""
-    table = load_committed_table(config, paths, table_identifier)
-    return committed_state(table, "").epoch + 1
+            crash_point(faults.COMMITTER_DURING_CLEANUP)
 
 
 def commit_table(
@@ -288,16 +319,30 @@ def commit_table(
     paths: LakehousePaths,
     table_identifier: str,
     run_id: str,
-) -> tuple[list[CommitPlan], list[CommitResult]]:
-    """Commit every stream's ready batches to one table; returns the plans and the commits made."""
+) -> CommitPass:
+    """Commit every stream's ready batches to one table, unless fenced by another committer."""
     streams = config.tables()[table_identifier]
+    table = load_committed_table(config, paths, table_identifier)
+    commits = lakehouse_commits(table)
+    ctx = CommitterPass(
+        spark=spark,
+        config=config,
+        paths=paths,
+        table_identifier=table_identifier,
+        run_id=run_id,
+        epoch=max((commit.epoch for commit in commits), default=0) + 1,
+        expected_snapshot_id=table.current_snapshot().snapshot_id if table and table.current_snapshot() else None,
+    )
+    crash_point(faults.COMMITTER_BEFORE_LOCK)
     for stream in streams:
         _remove_published_attempts(StreamLedger(paths.staging(stream.name)))
-    plans, results = [], []
+    plans: list[CommitPlan] = []
+    results: list[CommitResult] = []
     with exclusive_lock(table_lock_file(paths.locks, table_identifier)):
-        epoch = next_epoch(config, paths, table_identifier)
-        for stream in streams:
-            plan, stream_results = _commit_stream(spark, config, paths, stream, epoch, run_id)
-            plans.append(plan)
-            results.extend(stream_results)
-    return plans, results
+        try:
+            ctx.check_fence()
+            for stream in streams:
+                _commit_stream(ctx, stream, plans, results)
+        except FencedError as fenced:
+            return CommitPass(plans, results, fenced=str(fenced))
+    return CommitPass(plans, results)

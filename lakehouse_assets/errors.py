@@ -27,3 +27,7 @@ class CommitOutcomeUnknownError(LakehouseError):
 
 class TableNotFoundError(LakehouseError):
     """A static target table does not exist and the stream may not create it."""
+
+
+class FencedError(LakehouseError):
+    """Another committer moved the table since this one planned; this one stops without committing."""

@@ -26,6 +26,7 @@ class LakehouseCommit:
     last_sequence: int
     rows: int
     epoch: int
+    run: str
     timestamp_ms: int
 
 
@@ -57,6 +58,7 @@ def _as_commit(snapshot: Snapshot) -> LakehouseCommit | None:
         last_sequence=last,
         rows=int(summary.get(summary_keys.ROWS, "0")),
         epoch=int(summary.get(summary_keys.COMMITTER_EPOCH, "0")),
+        run=summary.get(summary_keys.COMMITTER_RUN, ""),
         timestamp_ms=snapshot.timestamp_ms,
     )
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
+from lakehouse_assets import faults
 from lakehouse_assets.batch_ledger import EVENTS_DIR, StagedBatch, StreamLedger
 from lakehouse_assets.change_events import DELETE
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
@@ -24,6 +25,7 @@ from lakehouse_assets.conversion import (
     staged_events,
 )
 from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.faults import crash_point
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.tables import ensure_table, identifier_columns, qualified_name
@@ -102,6 +104,7 @@ def stage_batch(
     )
     observed.write.parquet(str(attempt_dir / EVENTS_DIR))
     metrics = observation.get
+    crash_point(faults.WRITER_AFTER_STAGING)
     staged = StagedBatch(
         sequence=sequence,
         attempt=attempt,
@@ -114,6 +117,7 @@ def stage_batch(
         run_id=run_id,
     )
     if ledger.record_staged(staged):
+        crash_point(faults.WRITER_AFTER_RECORDING)
         return StagingOutcome(staged, True, len(minted.files), minted.bytes)
     winner = ledger.batch(sequence)
     ledger.remove_attempts(sequence, keep=winner.staged.attempt)

@@ -88,9 +88,9 @@ def test_committer_with_nothing_pending_changes_nothing(config, paths):
     commit_table(spark, config, paths, "sales.orders", "first")
     before = current_metadata_location(config, paths, "sales.orders")
 
-    plans, results = commit_table(spark, config, paths, "sales.orders", "second")
+    outcome = commit_table(spark, config, paths, "sales.orders", "second")
 
-    assert results == [] and plans[0].ready == []
+    assert outcome.results == [] and outcome.plans[0].ready == [] and outcome.fenced is None
     assert current_metadata_location(config, paths, "sales.orders") == before
 
 
@@ -117,8 +117,8 @@ def test_a_commit_whose_bookkeeping_was_lost_is_not_committed_again(config, path
     ledger = StreamLedger(paths.staging("orders"))
     (ledger.batch(1).directory / "committed.json").unlink()
 
-    plans, results = commit_table(spark, config, paths, "sales.orders", "recovering")
+    outcome = commit_table(spark, config, paths, "sales.orders", "recovering")
 
-    assert results == [] and plans[0].recovered == [1]
+    assert outcome.results == [] and outcome.plans[0].recovered == [1]
     assert ledger.batch(1).status == "committed"
     assert [row[0] for row in _duckdb_rows(config, paths, "sales.orders", "order_id")] == list(range(1, 8))

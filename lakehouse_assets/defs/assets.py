@@ -4,14 +4,12 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from lakehouse_assets.committer import (
-    CommitResult,
-    commit_table,
-    dead_letter_identifier,
-)
+from lakehouse_assets.committer import CommitResult, commit_table
 from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.errors import SequenceGapError
 from lakehouse_assets.staging import stage_batch
 
 
@@ -108,25 +106,35 @@ def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDe
         lakehouse: LakehouseResource,
         spark: SparkResource,
     ) -> Iterator[dg.MaterializeResult]:
-        plans, results = commit_table(
-            spark.session(lakehouse),
-            lakehouse.config(),
-            lakehouse.paths(),
-            table_identifier,
-            context.run.run_id,
-        )
-        for plan in plans:
+        try:
+            outcome = commit_table(
+                spark.session(lakehouse), lakehouse.config(), lakehouse.paths(), table_identifier, context.run.run_id
+            )
+        except SequenceGapError as gap:
+            # A gap must be loud: fail the run, and fail the sequence check where the UI shows it.
+            context.log_event(
+                dg.AssetCheckEvaluation(
+                    asset_key=context.asset_key,
+                    check_name=names.SEQUENCE_CHECK,
+                    passed=False,
+                    metadata={"found": str(gap)},
+                )
+            )
+            raise
+        for plan in outcome.plans:
             if plan.recovered:
                 context.log.info(
                     f"stream {plan.stream}: batches {plan.recovered} were already in the table; marked committed"
                 )
             if plan.waiting_on:
                 context.log.info(f"stream {plan.stream}: {plan.waiting_on}")
-        if not results:
-            context.log.info("nothing ready to commit; the table is unchanged")
+        if outcome.fenced:
+            context.log.warning(outcome.fenced)
+        if not outcome.results:
+            context.log.info("nothing committed; the table is unchanged")
             return
-        for result in results[:-1]:
+        for result in outcome.results[:-1]:
             context.log_event(dg.AssetMaterialization(context.asset_key, metadata=commit_metadata(result)))
-        yield dg.MaterializeResult(metadata=commit_metadata(results[-1]))
+        yield dg.MaterializeResult(metadata=commit_metadata(outcome.results[-1]))
 
     return iceberg_table
