@@ -209,6 +209,7 @@ def _write_until_landed(ctx: CommitterPass, stream: StreamSpec, last_sequence: i
         crash_point(faults.COMMITTER_BEFORE_COMMIT)
         try:
             write()
+            crash_point(faults.COMMITTER_AFTER_WRITE)
             error = None
         except Exception as raised:  # noqa: BLE001 - py4j errors of any kind; the ancestry decides below
             error = raised

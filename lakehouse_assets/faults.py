@@ -1,9 +1,11 @@
-"""Named crash points for the fault-injection suite.
+"""Named fault points for the fault-injection suite; inert unless the environment names a point.
 
-``crash_point(name)`` kills the current process with SIGKILL when ``LAKEHOUSE_CRASH_AT`` names that
-point, exactly as a power cut or an OOM kill would, so tests can prove recovery at every step of
-staging and committing with real processes. ``LAKEHOUSE_PAUSE_AT=name:seconds`` instead sleeps there,
-to hold two real processes in a chosen interleaving. With neither variable set it does nothing.
+- ``LAKEHOUSE_CRASH_AT=<point>`` kills the process there with SIGKILL, as a power cut or an OOM
+  kill would, so tests can prove recovery at every step of staging and committing.
+- ``LAKEHOUSE_FAIL_AT=<point>`` raises :class:`InjectedFault` there, as a catalog or storage call
+  that fails would (after a commit: a commit whose outcome the caller cannot know).
+- ``LAKEHOUSE_PAUSE_AT=<point>`` with ``LAKEHOUSE_PAUSE_DIR=<dir>`` creates ``<dir>/<point>.paused``
+  and waits until ``<dir>/<point>.release`` exists, to hold two real processes in an interleaving.
 """
 
 from __future__ import annotations
@@ -11,15 +13,20 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 CRASH_ENV = "LAKEHOUSE_CRASH_AT"
+FAIL_ENV = "LAKEHOUSE_FAIL_AT"
 PAUSE_ENV = "LAKEHOUSE_PAUSE_AT"
+PAUSE_DIR_ENV = "LAKEHOUSE_PAUSE_DIR"
+PAUSE_TIMEOUT_SECONDS = 300
 
 WRITER_AFTER_STAGING = "writer.after_staging_before_recording"
 WRITER_AFTER_RECORDING = "writer.after_recording"
 COMMITTER_BEFORE_LOCK = "committer.before_lock"
 COMMITTER_BEFORE_COMMIT = "committer.before_commit"
 COMMITTER_AFTER_DEAD_LETTERS = "committer.after_dead_letters_before_table"
+COMMITTER_AFTER_WRITE = "committer.after_write"
 COMMITTER_AFTER_COMMIT = "committer.after_commit_before_bookkeeping"
 COMMITTER_DURING_CLEANUP = "committer.during_cleanup"
 CRASH_POINTS = (
@@ -27,15 +34,25 @@ CRASH_POINTS = (
     WRITER_AFTER_RECORDING,
     COMMITTER_BEFORE_COMMIT,
     COMMITTER_AFTER_DEAD_LETTERS,
+    COMMITTER_AFTER_WRITE,
     COMMITTER_AFTER_COMMIT,
     COMMITTER_DURING_CLEANUP,
 )
 
 
+class InjectedFault(RuntimeError):
+    """An error raised on purpose at a fault point."""
+
+
 def crash_point(name: str) -> None:
-    """Die here (SIGKILL) or pause here when the environment names this point."""
+    """Die, fail or pause here when the environment names this point; otherwise do nothing."""
     if os.environ.get(CRASH_ENV) == name:
         os.kill(os.getpid(), signal.SIGKILL)
-    pause = os.environ.get(PAUSE_ENV, "")
-    if pause.partition(":")[0] == name:
-        time.sleep(float(pause.partition(":")[2] or "5"))
+    if os.environ.get(FAIL_ENV) == name:
+        raise InjectedFault(f"fault injected at {name}")
+    if os.environ.get(PAUSE_ENV) == name:
+        directory = Path(os.environ[PAUSE_DIR_ENV])
+        (directory / f"{name}.paused").touch()
+        deadline = time.monotonic() + PAUSE_TIMEOUT_SECONDS
+        while not (directory / f"{name}.release").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)

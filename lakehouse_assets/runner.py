@@ -29,8 +29,20 @@ class IdleRunReport:
     failed: list[str] = field(default_factory=list)
 
 
-def _already_requested(instance: dg.DagsterInstance, sensor_name: str, run_key: str) -> bool:
-    runs = instance.get_runs(filters=dg.RunsFilter(tags={RUN_KEY_TAG: run_key, SENSOR_NAME_TAG: sensor_name}), limit=1)
+def _already_done(instance: dg.DagsterInstance, sensor_name: str, run_key: str) -> bool:
+    """True when a run with this run key succeeded.
+
+    Unlike the sensor daemon, which skips any run key it has seen, this runner re-executes a
+    request whose earlier run failed or died (a crashed ``lakehouse run`` leaves its run STARTED
+    for ever): the runs are idempotent, so repeating one is safe and skipping one would stall
+    its stream.
+    """
+    runs = instance.get_runs(
+        filters=dg.RunsFilter(
+            tags={RUN_KEY_TAG: run_key, SENSOR_NAME_TAG: sensor_name}, statuses=[dg.DagsterRunStatus.SUCCESS]
+        ),
+        limit=1,
+    )
     return bool(runs)
 
 
@@ -58,7 +70,7 @@ def run_until_idle(
             tick = sensor.evaluate_tick(context)
             cursors[sensor.name] = tick.cursor
             for request in tick.run_requests or []:
-                if request.run_key and _already_requested(instance, sensor.name, request.run_key):
+                if request.run_key and _already_done(instance, sensor.name, request.run_key):
                     continue
                 job = repository.get_job(sensor.job_name)
                 tags = {**request.tags, SENSOR_NAME_TAG: sensor.name}

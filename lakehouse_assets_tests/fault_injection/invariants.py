@@ -1,0 +1,146 @@
+"""The invariant checker: the tables against an oracle built only from the landing files.
+
+It reads the tables with DuckDB and PyIceberg (no Spark) and returns every violation it finds:
+
+- each table's rows equal the oracle (appends: every valid event once; changes: the model of the
+  changes applied in landing order), and DuckDB and PyIceberg read the same rows;
+- no identifier key appears twice in the change table;
+- every rejected event is in the dead-letter table exactly once;
+- per stream, batch ranges along the ancestry are contiguous (no gap, overlap or repeat) and every
+  landed file belongs to a committed batch;
+- each lakehouse commit added exactly the rows it staged;
+- no data file is referenced twice, and every referenced data and delete file exists.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from pyiceberg.table.snapshots import ancestors_of
+
+from lakehouse_assets import checks, summary_keys
+from lakehouse_assets.batch_ledger import StreamLedger
+from lakehouse_assets.change_events import DELETE, OPERATION_BY_NAME
+from lakehouse_assets.config import LakehouseConfig
+from lakehouse_assets.dead_letters import dead_letter_identifier
+from lakehouse_assets.duck import iceberg_connection, manifest_entries, scan
+from lakehouse_assets.landing import landing_dir, list_landing_files
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.recovery import committed_state
+from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
+
+
+def _landed_events(config: LakehouseConfig, paths: LakehousePaths, stream: str) -> list[dict]:
+    directory = landing_dir(paths, config.stream(stream))
+    return [
+        json.loads(line)
+        for landed in list_landing_files(directory)
+        for line in (directory / landed.name).read_text().splitlines()
+        if line.strip()
+    ]
+
+
+def expected_orders(config: LakehouseConfig, paths: LakehousePaths) -> tuple[list[tuple], list[dict]]:
+    """Rows ``(order_id, customer_id, amount)`` and the events that must be dead letters."""
+    events = _landed_events(config, paths, "orders")
+    good = [e for e in events if isinstance(e.get("order_id"), int)]
+    return sorted((e["order_id"], e.get("customer_id"), e.get("amount")) for e in good), [
+        e for e in events if not isinstance(e.get("order_id"), int)
+    ]
+
+
+def expected_customers(config: LakehouseConfig, paths: LakehousePaths) -> tuple[list[tuple], list[dict]]:
+    """Rows ``(id, name)`` after applying the changes in landing order, and the dead letters."""
+    rows: dict[int, tuple] = {}
+    rejected = []
+    for event in _landed_events(config, paths, "customers"):
+        operation = OPERATION_BY_NAME.get(str(event.get("op", "")).lower())
+        if operation is None:
+            rejected.append(event)
+        elif operation == DELETE:
+            rows.pop(event["id"], None)
+        else:
+            rows[event["id"]] = (event["id"], event.get("name"))
+    return sorted(rows.values()), rejected
+
+
+def _rows(config: LakehouseConfig, paths: LakehousePaths, identifier: str, columns: str) -> list[tuple]:
+    location = current_metadata_location(config, paths, identifier)
+    table = load_committed_table(config, paths, identifier)
+    if table is None or table.current_snapshot() is None:
+        return []
+    query = f"SELECT {columns} FROM {scan(location, table.current_snapshot().snapshot_id)} ORDER BY ALL"
+    return iceberg_connection().sql(query).fetchall()
+
+
+def _pyiceberg_rows(config: LakehouseConfig, paths: LakehousePaths, identifier: str, columns: list[str]) -> list[tuple]:
+    table = load_committed_table(config, paths, identifier)
+    arrow = table.scan(selected_fields=tuple(columns)).to_arrow()
+    return sorted(zip(*[arrow.column(name).to_pylist() for name in columns], strict=True))
+
+
+def _table_problems(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> list[str]:
+    problems = []
+    table = load_committed_table(config, paths, identifier)
+    location = current_metadata_location(config, paths, identifier)
+    snapshot = checks.CommittedSnapshot(location, table.current_snapshot().snapshot_id)
+    connection = iceberg_connection()
+    for outcome in (checks.check_sequence_ranges(snapshot), checks.check_unique_data_files(connection, snapshot)):
+        if not outcome.passed:
+            problems.append(f"{identifier}: {outcome.description}")
+    files = connection.sql(f"SELECT DISTINCT file_path FROM {manifest_entries(location, snapshot.snapshot_id)}")
+    missing = [path for (path,) in files.fetchall() if not Path(path.removeprefix("file:")).exists()]
+    if missing:
+        problems.append(f"{identifier}: {len(missing)} referenced files do not exist, e.g. {missing[0]}")
+    for ancestor in ancestors_of(table.current_snapshot(), table.metadata):
+        summary = ancestor.summary.additional_properties
+        if summary_keys.STREAM in summary and summary.get("added-records", "0") != summary[summary_keys.ROWS]:
+            problems.append(
+                f"{identifier}: snapshot {ancestor.snapshot_id} added {summary.get('added-records')} rows "
+                f"but staged {summary[summary_keys.ROWS]}"
+            )
+    return problems
+
+
+def invariant_violations(config: LakehouseConfig, paths: LakehousePaths) -> list[str]:
+    """Every violated invariant, described; empty when the pipeline did exactly-once."""
+    problems = []
+    orders, orders_rejected = expected_orders(config, paths)
+    customers, customers_rejected = expected_customers(config, paths)
+    tables = {
+        "sales.orders": (orders, orders_rejected, ["order_id", "customer_id", "amount"]),
+        "crm.customers": (customers, customers_rejected, ["id", "name"]),
+    }
+    for identifier, (expected, rejected, columns) in tables.items():
+        actual = _rows(config, paths, identifier, ", ".join(columns))
+        if actual != expected:
+            extra = Counter(actual) - Counter(expected)
+            lost = Counter(expected) - Counter(actual)
+            problems.append(
+                f"{identifier}: {sum(extra.values())} unexpected or duplicated rows (e.g. {list(extra)[:3]}), "
+                f"{sum(lost.values())} missing (e.g. {list(lost)[:3]})"
+            )
+        if _pyiceberg_rows(config, paths, identifier, columns) != actual:
+            problems.append(f"{identifier}: PyIceberg and DuckDB read different rows")
+        problems.extend(_table_problems(config, paths, identifier))
+        dead = Counter(
+            json.dumps(json.loads(event), sort_keys=True)
+            for (event,) in _rows(config, paths, dead_letter_identifier(identifier), "event")
+        )
+        wanted = Counter(json.dumps(event, sort_keys=True) for event in rejected)
+        if dead != wanted:
+            problems.append(f"{identifier}: dead letters {dict(dead)} differ from the rejected events {dict(wanted)}")
+    keys = _rows(config, paths, "crm.customers", "id")
+    if len(keys) != len(set(keys)):
+        problems.append("crm.customers: an identifier key appears twice")
+    for stream in config.streams:
+        ledger = StreamLedger(paths.staging(stream.name))
+        table = load_committed_table(config, paths, stream.table_identifier)
+        committed = committed_state(table, stream.name).sequence
+        claimed = {name for record in ledger.batches() if record.sequence <= committed for name in record.minted.files}
+        unclaimed = [f.name for f in list_landing_files(landing_dir(paths, stream)) if f.name not in claimed]
+        if unclaimed:
+            problems.append(f"stream {stream.name}: {len(unclaimed)} landed files are not in a committed batch")
+    return problems

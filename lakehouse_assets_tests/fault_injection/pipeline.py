@@ -1,0 +1,96 @@
+"""A two-stream pipeline for fault tests, its events, and the pipeline run as a real process.
+
+``orders`` appends to ``sales.orders``; ``customers`` applies changes to ``crm.customers``. Every
+round lands new events in both, including one event per stream that must be dead-lettered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from lakehouse_assets.config import LakehouseConfig
+from lakehouse_assets.landing import land_events
+from lakehouse_assets.paths import LakehousePaths
+
+ORDERS = {
+    "name": "orders",
+    "table_identifier": "sales.orders",
+    "auto_create": True,
+    "schema": {
+        "columns": [
+            {"name": "order_id", "type": "long", "required": True},
+            {"name": "customer_id", "type": "long"},
+            {"name": "amount", "type": "double"},
+        ]
+    },
+    "table_properties": {"format-version": "2"},
+    "flush": {"max_bytes": 2000, "max_age": "60s"},
+    "commit_interval": "0s",
+}
+CUSTOMERS = {
+    "name": "customers",
+    "table_identifier": "crm.customers",
+    "auto_create": True,
+    "operation": "${/op}",
+    "identifier_columns": ["id"],
+    "schema": {
+        "columns": [
+            {"name": "id", "type": "long", "required": True},
+            {"name": "name", "type": "string"},
+        ],
+        "partition_spec": [{"column": "id", "transform": "bucket[2]"}],
+    },
+    "table_properties": {"format-version": "2"},
+    "flush": {"max_bytes": 600, "max_age": "60s"},
+    "commit_interval": "0s",
+}
+PIPELINE = {"streams": [ORDERS, CUSTOMERS]}
+OPERATIONS = ("c", "u", "d", "u", "c")
+
+
+def land_round(config: LakehouseConfig, paths: LakehousePaths, round_number: int) -> None:
+    """Land one round of events: 30 orders and 15 customer changes per file, two files each."""
+    for part in range(2):
+        first = (round_number * 2 + part) * 30
+        orders = [json.dumps({"order_id": first + i, "customer_id": i % 7, "amount": i * 0.5}) for i in range(30)]
+        if part == 1:
+            orders.append(json.dumps({"customer_id": round_number, "note": f"round {round_number}: no order_id"}))
+        land_events(paths, config.stream("orders"), orders)
+        changes = [
+            json.dumps(
+                {"op": OPERATIONS[(first + i) % len(OPERATIONS)], "id": (first + i * 3) % 11, "name": f"n{first + i}"}
+            )
+            for i in range(15)
+        ]
+        if part == 0:
+            changes.append(json.dumps({"op": "merge", "id": 1, "note": f"round {round_number}: unknown operation"}))
+        land_events(paths, config.stream("customers"), changes)
+
+
+def run_pipeline_process(extra_env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``lakehouse run --until-idle`` as a separate process with this test's homes and config."""
+    env = {**os.environ, **(extra_env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "lakehouse_assets.cli", "run", "--until-idle"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def start_pipeline_process(extra_env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start ``lakehouse run --until-idle`` without waiting; output goes to ``log``."""
+    handle = open(log, "w")  # noqa: SIM115 - closed by the process's end
+    return subprocess.Popen(
+        [sys.executable, "-m", "lakehouse_assets.cli", "run", "--until-idle"],
+        env={**os.environ, **extra_env},
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )

@@ -1,0 +1,222 @@
+"""Exactly-once under failure: real pipeline processes killed, failed, paused and raced, then
+restarted, with the invariant checker reading the result against an oracle of the landing files."""
+
+import shutil
+import signal
+import time
+
+import dagster as dg
+import pytest
+
+from lakehouse_assets import faults, summary_keys
+from lakehouse_assets.batch_ledger import StreamLedger
+from lakehouse_assets.config import load_config
+from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.defs import names
+from lakehouse_assets.recovery import lakehouse_commits
+from lakehouse_assets.runner import run_until_idle
+from lakehouse_assets.spark import lakehouse_session
+from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
+from lakehouse_assets_tests.conftest import write_config
+from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
+from lakehouse_assets_tests.fault_injection.pipeline import (
+    PIPELINE,
+    land_round,
+    run_pipeline_process,
+    start_pipeline_process,
+)
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def pipeline(lakehouse_home, tmp_path, monkeypatch):
+    write_config(tmp_path, PIPELINE, monkeypatch)
+    config = load_config()
+    return config, lakehouse_home
+
+
+def _first_round_in_process(config, paths, instance):
+    land_round(config, paths, 0)
+    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+    assert invariant_violations(config, paths) == []
+
+
+def _commits_per_batch(config, paths, identifier):
+    sequences = [
+        sequence
+        for commit in lakehouse_commits(load_committed_table(config, paths, identifier))
+        for sequence in range(commit.first_sequence, commit.last_sequence + 1)
+    ]
+    return sequences == sorted(set(sequences))
+
+
+@pytest.mark.parametrize("point", faults.CRASH_POINTS)
+def test_a_pipeline_killed_at_each_point_recovers_exactly_once(point, pipeline, paths, instance):
+    config, _ = pipeline
+    _first_round_in_process(config, paths, instance)
+    land_round(config, paths, 1)
+
+    crashed = run_pipeline_process({faults.CRASH_ENV: point})
+    assert crashed.returncode == -signal.SIGKILL, f"never reached {point}:\n{crashed.stdout[-3000:]}"
+    restarted = run_pipeline_process()
+    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
+
+    assert invariant_violations(config, paths) == []
+
+
+def test_a_crash_then_wiped_local_state_loses_and_duplicates_nothing(pipeline, paths, instance, lakehouse_home):
+    config, _ = pipeline
+    _first_round_in_process(config, paths, instance)
+    land_round(config, paths, 1)
+    crashed = run_pipeline_process({faults.CRASH_ENV: faults.COMMITTER_AFTER_COMMIT})
+    assert crashed.returncode == -signal.SIGKILL
+
+    # Locks, sensor cursors and the whole Dagster run history are gone.
+    shutil.rmtree(lakehouse_home / "state")
+    dagster_home = paths.home.parent.parent / "dagster"
+    shutil.rmtree(dagster_home)
+    dagster_home.mkdir()
+    land_round(config, paths, 2)
+    restarted = run_pipeline_process()
+
+    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
+    assert invariant_violations(config, paths) == []
+
+
+def test_an_error_after_a_commit_landed_is_decided_by_the_ancestry(pipeline, paths, instance):
+    config, _ = pipeline
+    _first_round_in_process(config, paths, instance)
+    land_round(config, paths, 1)
+
+    # Every write "fails" after its commit landed: the committer must see the commit in the
+    # ancestry and go on, never commit the batch again.
+    completed = run_pipeline_process({faults.FAIL_ENV: faults.COMMITTER_AFTER_WRITE})
+
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert invariant_violations(config, paths) == []
+    assert _commits_per_batch(config, paths, "crm.customers")
+
+
+def test_a_failed_commit_keeps_staged_data_for_the_next_run(pipeline, paths, instance):
+    config, _ = pipeline
+    _first_round_in_process(config, paths, instance)
+    land_round(config, paths, 1)
+
+    failed = run_pipeline_process({faults.FAIL_ENV: faults.COMMITTER_BEFORE_COMMIT})
+    assert failed.returncode == 1
+    staged = [r.sequence for r in StreamLedger(paths.staging("orders")).batches() if r.status == "staged"]
+    assert staged, "the failed commit must leave its batches staged"
+    assert run_pipeline_process().returncode == 0
+
+    assert invariant_violations(config, paths) == []
+
+
+def test_two_pipelines_at_once_commit_each_batch_once(pipeline, paths, instance, tmp_path):
+    config, _ = pipeline
+    _first_round_in_process(config, paths, instance)
+    for round_number in (1, 2):
+        land_round(config, paths, round_number)
+
+    first = start_pipeline_process({}, tmp_path / "first.log")
+    second = start_pipeline_process({}, tmp_path / "second.log")
+    assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    # A committer fenced by the other leaves its batches for the next pass.
+    assert run_pipeline_process().returncode == 0
+
+    assert invariant_violations(config, paths) == []
+    assert _commits_per_batch(config, paths, "sales.orders")
+    assert _commits_per_batch(config, paths, "crm.customers")
+
+
+def test_a_stale_committer_is_fenced_and_commits_nothing(pipeline, paths, instance, tmp_path):
+    config, _ = pipeline
+    _first_round_in_process(config, paths, instance)
+    land_round(config, paths, 1)
+    pause_dir = tmp_path / "pauses"
+    pause_dir.mkdir()
+
+    stale = start_pipeline_process(
+        {faults.PAUSE_ENV: faults.COMMITTER_BEFORE_LOCK, faults.PAUSE_DIR_ENV: str(pause_dir)}, tmp_path / "stale.log"
+    )
+    deadline = time.monotonic() + 300
+    while not (pause_dir / f"{faults.COMMITTER_BEFORE_LOCK}.paused").exists():
+        assert time.monotonic() < deadline and stale.poll() is None, (tmp_path / "stale.log").read_text()[-3000:]
+        time.sleep(0.2)
+    # While the stale committer holds its plan, a newer pipeline commits everything.
+    assert run_pipeline_process().returncode == 0
+    (pause_dir / f"{faults.COMMITTER_BEFORE_LOCK}.release").touch()
+    assert stale.wait(timeout=600) == 0
+
+    assert "stopping without committing" in (tmp_path / "stale.log").read_text()
+    assert invariant_violations(config, paths) == []
+    assert _commits_per_batch(config, paths, "sales.orders")
+    assert _commits_per_batch(config, paths, "crm.customers")
+
+
+def test_a_rolled_back_table_gets_its_batches_again(pipeline, paths, instance):
+    config, _ = pipeline
+    _first_round_in_process(config, paths, instance)
+    kept = load_committed_table(config, paths, "sales.orders").current_snapshot().snapshot_id
+    land_round(config, paths, 1)
+    assert run_pipeline_process().returncode == 0
+    assert run_pipeline_process().returncode == 0  # a second pass removes the staged Parquet
+
+    lakehouse_session(config, paths).sql(f"CALL lake.system.rollback_to_snapshot('sales.orders', {kept})")
+    assert invariant_violations(config, paths) != []
+    assert run_pipeline_process().returncode == 0
+
+    assert invariant_violations(config, paths) == []
+
+
+def test_a_storage_error_while_writing_metadata_loses_nothing(pipeline, paths, instance):
+    config, _ = pipeline
+    _first_round_in_process(config, paths, instance)
+    land_round(config, paths, 1)
+    current = current_metadata_location(config, paths, "sales.orders")
+    version = int(current.rsplit("/v", 1)[1].split(".")[0])
+    # The next metadata file's name is taken: the catalog cannot write the new table version.
+    obstacles = [current.replace(f"/v{version}.", f"/v{version + n}.") for n in (1, 2)]
+    for obstacle in obstacles:
+        shutil.os.makedirs(obstacle)
+
+    failed = run_pipeline_process()
+    assert failed.returncode == 1
+    for obstacle in obstacles:
+        shutil.rmtree(obstacle)
+    assert run_pipeline_process().returncode == 0
+
+    assert invariant_violations(config, paths) == []
+
+
+def test_a_missing_batch_blocks_later_batches_loudly(pipeline, paths, instance):
+    config, _ = pipeline
+    _first_round_in_process(config, paths, instance)
+    land_round(config, paths, 1)
+    land_round(config, paths, 2)
+    defs = build_definitions(config)
+    repository = defs.get_repository_def()
+    landing = repository.get_sensor_def(names.landing_sensor_name("customers"))
+    context = dg.build_sensor_context(instance=instance, definitions=defs)
+    for request in landing.evaluate_tick(context).run_requests:
+        repository.get_job(names.stage_job_name("customers")).execute_in_process(
+            run_config=request.run_config, instance=instance
+        )
+    ledger = StreamLedger(paths.staging("customers"))
+    committed = [r.sequence for r in ledger.batches() if r.committed]
+    missing = max(committed) + 1
+    shutil.rmtree(ledger.batch(missing).directory)
+
+    result = repository.get_job(names.commit_job_name("crm.customers")).execute_in_process(
+        instance=instance, raise_on_error=False
+    )
+
+    assert not result.success
+    key = dg.AssetCheckKey(names.table_key("crm.customers"), names.SEQUENCE_CHECK)
+    record = instance.get_latest_asset_check_evaluation_record(key)
+    assert record.status.value == "FAILED"
+    found = record.event.dagster_event.event_specific_data.metadata["found"].value
+    assert f"batch {missing} is missing from the staging ledger" in found
+    summary = load_committed_table(config, paths, "crm.customers").current_snapshot().summary
+    assert int(summary.additional_properties[summary_keys.COMMIT_SEQUENCE]) < missing
