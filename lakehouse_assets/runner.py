@@ -2,12 +2,14 @@
 
 Runs go through the same Dagster definitions and are recorded in the Dagster instance, so
 ``dagster dev`` on the same ``DAGSTER_HOME`` shows their materializations and check results. The
-landing sensors run in drain mode: every pending event is cut into batches, whatever the flush
+sensors run with ``until_idle`` set: every pending event is cut into batches, whatever the flush
 triggers say, so "idle" means nothing is pending.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,7 +19,14 @@ from lakehouse_assets.defs.resources import LakehouseResource
 
 RUN_KEY_TAG = "dagster/run_key"
 SENSOR_NAME_TAG = "dagster/sensor_name"
+PROCESS_TAG = "lakehouse/process"
 # Step-by-step events still go to the instance (and the UI); the console shows warnings and errors.
+IN_PROGRESS_STATUSES = [
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
@@ -46,6 +55,42 @@ def _already_done(instance: dg.DagsterInstance, sensor_name: str, run_key: str) 
     return bool(runs)
 
 
+def _process_label() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _process_is_alive(label: str) -> bool:
+    host, _, pid = label.rpartition(":")
+    if host != socket.gethostname():
+        return True  # another machine's process: not ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
+def fail_runs_of_dead_processes(instance: dg.DagsterInstance, log: Callable[[str], None] = print) -> list[str]:
+    """Mark runs that an earlier ``lakehouse run`` left in progress when it died as failed.
+
+    A killed process leaves its run STARTED and, worse, keeps the concurrency-pool slot its
+    committer step claimed, so every later committer of that table would wait for ever. The
+    daemon's run monitoring does this for ``dagster dev``; this runner does it for its own runs.
+    """
+    failed = []
+    in_progress = instance.get_runs(filters=dg.RunsFilter(statuses=IN_PROGRESS_STATUSES))
+    for run in in_progress:
+        label = run.tags.get(PROCESS_TAG)
+        if label and not _process_is_alive(label):
+            instance.report_run_failed(run, message=f"the process {label} that ran it is gone")
+            instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+            failed.append(run.run_id)
+            log(f"marked run {run.run_id} failed: its process {label} is gone")
+    return failed
+
+
 def run_until_idle(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
@@ -53,8 +98,9 @@ def run_until_idle(
     max_rounds: int = 1000,
 ) -> IdleRunReport:
     """Tick every sensor and run what it requests until a whole round requests nothing new."""
+    fail_runs_of_dead_processes(instance, log)
     repository = defs.get_repository_def()
-    drain = {"lakehouse": LakehouseResource(drain=True)}
+    resources = {"lakehouse": LakehouseResource(until_idle=True)}
     cursors: dict[str, str | None] = {}
     report = IdleRunReport()
     # A sensor whose run failed is not ticked again: its next request would fail the same way.
@@ -65,7 +111,7 @@ def run_until_idle(
             if sensor.name in stalled:
                 continue
             context = dg.build_sensor_context(
-                instance=instance, cursor=cursors.get(sensor.name), definitions=defs, resources=drain
+                instance=instance, cursor=cursors.get(sensor.name), definitions=defs, resources=resources
             )
             tick = sensor.evaluate_tick(context)
             cursors[sensor.name] = tick.cursor
@@ -73,7 +119,7 @@ def run_until_idle(
                 if request.run_key and _already_done(instance, sensor.name, request.run_key):
                     continue
                 job = repository.get_job(sensor.job_name)
-                tags = {**request.tags, SENSOR_NAME_TAG: sensor.name}
+                tags = {**request.tags, SENSOR_NAME_TAG: sensor.name, PROCESS_TAG: _process_label()}
                 if request.run_key:
                     tags[RUN_KEY_TAG] = request.run_key
                 result = job.execute_in_process(

@@ -13,14 +13,14 @@ from lakehouse_assets.landing import land_events
 from lakehouse_assets_tests.conftest import order_event
 
 
-def _tick(config, instance, sensor_name, cursor=None, drain=False):
+def _tick(config, instance, sensor_name, cursor=None, until_idle=False):
     defs = build_definitions(config)
     sensor = defs.get_repository_def().get_sensor_def(sensor_name)
     context = dg.build_sensor_context(
         instance=instance,
         cursor=cursor,
         definitions=defs,
-        resources={"lakehouse": LakehouseResource(drain=drain)},
+        resources={"lakehouse": LakehouseResource(until_idle=until_idle)},
     )
     return sensor.evaluate_tick(context)
 
@@ -59,7 +59,7 @@ def test_bytes_trigger_cuts_batches_of_at_most_max_bytes(config, paths, instance
 
 def test_unstaged_batches_are_requested_again_under_the_same_run_key(config, paths, instance):
     land_events(paths, config.stream("orders"), [order_event(1)])
-    first = _tick(config, instance, names.landing_sensor_name("orders"), drain=True)
+    first = _tick(config, instance, names.landing_sensor_name("orders"), until_idle=True)
     again = _tick(config, instance, names.landing_sensor_name("orders"), cursor=None)
     assert [r.run_key for r in first.run_requests] == ["orders:1"]
     assert [r.run_key for r in again.run_requests] == ["orders:1"]

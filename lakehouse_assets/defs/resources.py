@@ -13,8 +13,10 @@ from lakehouse_assets.spark import lakehouse_session
 class LakehouseResource(dg.ConfigurableResource):
     """The lakehouse home (``$LAKEHOUSE_HOME``) and configuration (``$LAKEHOUSE_CONFIG``)."""
 
-    drain: bool = False
-    """Cut every pending event into batches regardless of the flush triggers (``run --until-idle``)."""
+    until_idle: bool = False
+    """Set by ``lakehouse run --until-idle``, which runs every request synchronously itself: cut
+    every pending event into batches regardless of the flush triggers, commit regardless of
+    ``commit_interval``, and do not wait for runs that other processes left in progress."""
 
     def paths(self) -> LakehousePaths:
         return LakehousePaths.from_env()

@@ -55,7 +55,7 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
         requests = [writer_run_request(r.minted) for r in ledger.batches() if r.staged is None]
         reason = "no minted batch waits for staging"
         for _ in range(MAX_BATCHES_PER_TICK):
-            batch, reason = mint_next_batch(config, paths, current, drain=lakehouse.drain)
+            batch, reason = mint_next_batch(config, paths, current, drain=lakehouse.until_idle)
             if batch is None:
                 break
             requests.append(writer_run_request(batch))
@@ -93,8 +93,12 @@ def staged_batches_sensor(table_identifier: str, streams: list[StreamSpec]) -> d
         current = next(ancestry(table), None)
         interval = min(stream.commit_interval for stream in streams)
         since_commit = time.time() - current.timestamp_ms / 1000 if current else float("inf")
-        if since_commit < interval and not lakehouse.drain:
+        if lakehouse.until_idle:
+            return dg.RunRequest(tags={names.TABLE_TAG: table_identifier})
+        if since_commit < interval:
             return dg.SkipReason(f"commit_interval: {interval - since_commit:.1f}s until the next commit")
+        # Committers are serialised by the table lock and fence each other, so this only avoids
+        # piling up runs; dagster.yaml's run monitoring fails runs whose process died.
         running = context.instance.get_runs(
             filters=dg.RunsFilter(job_name=names.commit_job_name(table_identifier), statuses=IN_PROGRESS),
             limit=1,

@@ -1,9 +1,11 @@
 """Exactly-once under failure: real pipeline processes killed, failed, paused and raced, then
 restarted, with the invariant checker reading the result against an oracle of the landing files."""
 
+import os
 import shutil
 import signal
 import time
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -13,6 +15,7 @@ from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
+from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.recovery import lakehouse_commits
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets.spark import lakehouse_session
@@ -74,7 +77,7 @@ def test_a_crash_then_wiped_local_state_loses_and_duplicates_nothing(pipeline, p
 
     # Locks, sensor cursors and the whole Dagster run history are gone.
     shutil.rmtree(lakehouse_home / "state")
-    dagster_home = paths.home.parent.parent / "dagster"
+    dagster_home = Path(os.environ["DAGSTER_HOME"])
     shutil.rmtree(dagster_home)
     dagster_home.mkdir()
     land_round(config, paths, 2)
@@ -179,7 +182,7 @@ def test_a_storage_error_while_writing_metadata_loses_nothing(pipeline, paths, i
     # The next metadata file's name is taken: the catalog cannot write the new table version.
     obstacles = [current.replace(f"/v{version}.", f"/v{version + n}.") for n in (1, 2)]
     for obstacle in obstacles:
-        shutil.os.makedirs(obstacle)
+        os.makedirs(obstacle)
 
     failed = run_pipeline_process()
     assert failed.returncode == 1
@@ -198,7 +201,9 @@ def test_a_missing_batch_blocks_later_batches_loudly(pipeline, paths, instance):
     defs = build_definitions(config)
     repository = defs.get_repository_def()
     landing = repository.get_sensor_def(names.landing_sensor_name("customers"))
-    context = dg.build_sensor_context(instance=instance, definitions=defs)
+    context = dg.build_sensor_context(
+        instance=instance, definitions=defs, resources={"lakehouse": LakehouseResource(until_idle=True)}
+    )
     for request in landing.evaluate_tick(context).run_requests:
         repository.get_job(names.stage_job_name("customers")).execute_in_process(
             run_config=request.run_config, instance=instance
