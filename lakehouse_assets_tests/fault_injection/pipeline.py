@@ -28,7 +28,7 @@ ORDERS = {
         ]
     },
     "table_properties": {"format-version": "2"},
-    "flush": {"max_bytes": 2000, "max_age": "60s"},
+    "flush": {"max_bytes": 100_000, "max_age": "60s"},
     "commit_interval": "0s",
 }
 CUSTOMERS = {
@@ -45,7 +45,7 @@ CUSTOMERS = {
         "partition_spec": [{"column": "id", "transform": "bucket[2]"}],
     },
     "table_properties": {"format-version": "2"},
-    "flush": {"max_bytes": 600, "max_age": "60s"},
+    "flush": {"max_bytes": 100_000, "max_age": "60s"},
     "commit_interval": "0s",
 }
 PIPELINE = {"streams": [ORDERS, CUSTOMERS]}
@@ -53,22 +53,19 @@ OPERATIONS = ("c", "u", "d", "u", "c")
 
 
 def land_round(config: LakehouseConfig, paths: LakehousePaths, round_number: int) -> None:
-    """Land one round of events: 30 orders and 15 customer changes per file, two files each."""
-    for part in range(2):
-        first = (round_number * 2 + part) * 30
-        orders = [json.dumps({"order_id": first + i, "customer_id": i % 7, "amount": i * 0.5}) for i in range(30)]
-        if part == 1:
-            orders.append(json.dumps({"customer_id": round_number, "note": f"round {round_number}: no order_id"}))
-        land_events(paths, config.stream("orders"), orders)
-        changes = [
-            json.dumps(
-                {"op": OPERATIONS[(first + i) % len(OPERATIONS)], "id": (first + i * 3) % 11, "name": f"n{first + i}"}
-            )
-            for i in range(15)
-        ]
-        if part == 0:
-            changes.append(json.dumps({"op": "merge", "id": 1, "note": f"round {round_number}: unknown operation"}))
-        land_events(paths, config.stream("customers"), changes)
+    """Land one round of events: 30 orders and 15 customer changes, each with one bad event."""
+    first = round_number * 30
+    orders = [json.dumps({"order_id": first + i, "customer_id": i % 7, "amount": i * 0.5}) for i in range(30)]
+    orders.append(json.dumps({"customer_id": round_number, "note": f"round {round_number}: no order_id"}))
+    land_events(paths, config.stream("orders"), orders)
+    changes = [
+        json.dumps(
+            {"op": OPERATIONS[(first + i) % len(OPERATIONS)], "id": (first + i * 3) % 11, "name": f"n{first + i}"}
+        )
+        for i in range(15)
+    ]
+    changes.append(json.dumps({"op": "merge", "id": 1, "note": f"round {round_number}: unknown operation"}))
+    land_events(paths, config.stream("customers"), changes)
 
 
 def run_pipeline_process(extra_env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -4,6 +4,8 @@ restarted, with the invariant checker reading the result against an oracle of th
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -133,29 +135,61 @@ def test_two_pipelines_at_once_commit_each_batch_once(pipeline, paths, instance,
     assert _commits_per_batch(config, paths, "crm.customers")
 
 
+STALE_COMMITTER = """
+from lakehouse_assets.committer import commit_table
+from lakehouse_assets.config import load_config
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.spark import lakehouse_session
+config, paths = load_config(), LakehousePaths.from_env()
+outcome = commit_table(lakehouse_session(config, paths), config, paths, "sales.orders", "stale-committer")
+print("FENCED:", outcome.fenced)
+print("COMMITS:", len(outcome.results))
+"""
+
+
+def _stage_in_process(config, instance, stream):
+    """Run the stream's landing sensor and the writer runs it requests, without committing."""
+    defs = build_definitions(config)
+    repository = defs.get_repository_def()
+    sensor = repository.get_sensor_def(names.landing_sensor_name(stream))
+    context = dg.build_sensor_context(
+        instance=instance, definitions=defs, resources={"lakehouse": LakehouseResource(until_idle=True)}
+    )
+    for request in sensor.evaluate_tick(context).run_requests:
+        repository.get_job(names.stage_job_name(stream)).execute_in_process(
+            run_config=request.run_config, instance=instance
+        )
+
+
 def test_a_stale_committer_is_fenced_and_commits_nothing(pipeline, paths, instance, tmp_path):
     config, _ = pipeline
     _first_round_in_process(config, paths, instance)
     land_round(config, paths, 1)
+    _stage_in_process(config, instance, "orders")
     pause_dir = tmp_path / "pauses"
     pause_dir.mkdir()
 
-    stale = start_pipeline_process(
-        {faults.PAUSE_ENV: faults.COMMITTER_BEFORE_LOCK, faults.PAUSE_DIR_ENV: str(pause_dir)}, tmp_path / "stale.log"
+    # A committer outside Dagster's pool (another deployment, a script) plans, then stalls.
+    stale = subprocess.Popen(
+        [sys.executable, "-c", STALE_COMMITTER],
+        env={**os.environ, faults.PAUSE_ENV: faults.COMMITTER_BEFORE_LOCK, faults.PAUSE_DIR_ENV: str(pause_dir)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     deadline = time.monotonic() + 300
     while not (pause_dir / f"{faults.COMMITTER_BEFORE_LOCK}.paused").exists():
-        assert time.monotonic() < deadline and stale.poll() is None, (tmp_path / "stale.log").read_text()[-3000:]
+        assert time.monotonic() < deadline and stale.poll() is None, stale.stdout.read()[-3000:]
         time.sleep(0.2)
-    # While the stale committer holds its plan, a newer pipeline commits everything.
+    # Meanwhile the pipeline commits the same batches.
     assert run_pipeline_process().returncode == 0
     (pause_dir / f"{faults.COMMITTER_BEFORE_LOCK}.release").touch()
-    assert stale.wait(timeout=600) == 0
+    output, _ = stale.communicate(timeout=600)
 
-    assert "stopping without committing" in (tmp_path / "stale.log").read_text()
+    assert stale.returncode == 0, output[-3000:]
+    assert "stopping without committing" in output and "COMMITS: 0" in output
     assert invariant_violations(config, paths) == []
     assert _commits_per_batch(config, paths, "sales.orders")
-    assert _commits_per_batch(config, paths, "crm.customers")
 
 
 def test_a_rolled_back_table_gets_its_batches_again(pipeline, paths, instance):
@@ -196,18 +230,10 @@ def test_a_storage_error_while_writing_metadata_loses_nothing(pipeline, paths, i
 def test_a_missing_batch_blocks_later_batches_loudly(pipeline, paths, instance):
     config, _ = pipeline
     _first_round_in_process(config, paths, instance)
-    land_round(config, paths, 1)
-    land_round(config, paths, 2)
-    defs = build_definitions(config)
-    repository = defs.get_repository_def()
-    landing = repository.get_sensor_def(names.landing_sensor_name("customers"))
-    context = dg.build_sensor_context(
-        instance=instance, definitions=defs, resources={"lakehouse": LakehouseResource(until_idle=True)}
-    )
-    for request in landing.evaluate_tick(context).run_requests:
-        repository.get_job(names.stage_job_name("customers")).execute_in_process(
-            run_config=request.run_config, instance=instance
-        )
+    for round_number in (1, 2):
+        land_round(config, paths, round_number)
+        _stage_in_process(config, instance, "customers")
+    repository = build_definitions(config).get_repository_def()
     ledger = StreamLedger(paths.staging("customers"))
     committed = [r.sequence for r in ledger.batches() if r.committed]
     missing = max(committed) + 1
