@@ -1,5 +1,7 @@
 """DuckDB checks on the exact snapshot the last materialization of a table committed."""
 
+from collections.abc import Callable
+
 import dagster as dg
 
 from lakehouse_assets import checks
@@ -35,65 +37,49 @@ def _result(outcome: checks.CheckOutcome, snapshot: checks.CommittedSnapshot) ->
     )
 
 
+def _snapshot_check(
+    asset_key: dg.AssetKey,
+    name: str,
+    description: str,
+    verify: Callable[[checks.CommittedSnapshot], checks.CheckOutcome],
+) -> dg.AssetChecksDefinition:
+    """A blocking check that runs ``verify`` on the snapshot the last materialization committed."""
+
+    @dg.asset_check(asset=asset_key, name=name, blocking=True, description=description)
+    def _check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        snapshot = committed_snapshot(context, asset_key)
+        return _result(verify(snapshot), snapshot)
+
+    return _check
+
+
 def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.AssetChecksDefinition]:
-    """The four commit checks of one table, each reading the committed snapshot with DuckDB."""
+    """The commit checks of one table, each reading the committed snapshot with DuckDB."""
     asset_key = names.table_key(table_identifier)
     declared = streams[0].table_schema.columns
-
-    @dg.asset_check(
-        asset=asset_key,
-        name=names.SCHEMA_CHECK,
-        blocking=True,
-        description="The committed snapshot's columns, types and required flags are as declared.",
-    )
-    def schema_matches_declared(
-        context: dg.AssetCheckExecutionContext,
-    ) -> dg.AssetCheckResult:
-        snapshot = committed_snapshot(context, asset_key)
-        return _result(checks.check_schema(iceberg_connection(), snapshot, declared), snapshot)
-
-    @dg.asset_check(
-        asset=asset_key,
-        name=names.ROW_COUNT_CHECK,
-        blocking=True,
-        description="DuckDB's row count equals the rows of every committed batch.",
-    )
-    def rows_reconcile_with_batches(
-        context: dg.AssetCheckExecutionContext,
-    ) -> dg.AssetCheckResult:
-        snapshot = committed_snapshot(context, asset_key)
-        return _result(checks.check_row_count(iceberg_connection(), snapshot), snapshot)
-
-    @dg.asset_check(
-        asset=asset_key,
-        name=names.SEQUENCE_CHECK,
-        blocking=True,
-        description="Batch ranges along the ancestry have no gap, overlap or repeat.",
-    )
-    def batch_ranges_contiguous(
-        context: dg.AssetCheckExecutionContext,
-    ) -> dg.AssetCheckResult:
-        snapshot = committed_snapshot(context, asset_key)
-        return _result(checks.check_sequence_ranges(snapshot), snapshot)
-
-    @dg.asset_check(
-        asset=asset_key,
-        name=names.DATA_FILES_CHECK,
-        blocking=True,
-        description="No data file is referenced twice by the committed snapshot.",
-    )
-    def data_files_unique(
-        context: dg.AssetCheckExecutionContext,
-    ) -> dg.AssetCheckResult:
-        snapshot = committed_snapshot(context, asset_key)
-        return _result(checks.check_unique_data_files(iceberg_connection(), snapshot), snapshot)
-
-    table_level = [
-        schema_matches_declared,
-        rows_reconcile_with_batches,
-        batch_ranges_contiguous,
-        data_files_unique,
+    registry = [
+        (
+            names.SCHEMA_CHECK,
+            "The committed snapshot's columns, types and required flags are as declared.",
+            lambda snapshot: checks.check_schema(iceberg_connection(), snapshot, declared),
+        ),
+        (
+            names.ROW_COUNT_CHECK,
+            "DuckDB's row count equals the net rows of every committed batch.",
+            lambda snapshot: checks.check_row_count(iceberg_connection(), snapshot),
+        ),
+        (
+            names.SEQUENCE_CHECK,
+            "Batch ranges along the ancestry have no gap, overlap or repeat.",
+            checks.check_sequence_ranges,
+        ),
+        (
+            names.DATA_FILES_CHECK,
+            "No data file is referenced twice by the committed snapshot.",
+            lambda snapshot: checks.check_unique_data_files(iceberg_connection(), snapshot),
+        ),
     ]
+    table_level = [_snapshot_check(asset_key, *entry) for entry in registry]
     change_streams = [stream for stream in streams if stream.applies_changes]
     return table_level + (change_checks(table_identifier, change_streams) if change_streams else [])
 
