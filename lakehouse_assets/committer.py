@@ -139,7 +139,7 @@ class CommitterPass:
     epoch: int
     expected_snapshot_id: int | None
 
-    def table(self):
+    def table(self) -> Table | None:
         return load_committed_table(self.config, self.paths, self.table_identifier)
 
     def check_fence(self) -> None:
