@@ -11,6 +11,7 @@ from lakehouse_assets.committer import commit_table
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.duck import iceberg_connection, scan
+from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.landing import land_events
 from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.recovery import lakehouse_commits
@@ -122,3 +123,15 @@ def test_a_commit_whose_bookkeeping_was_lost_is_not_committed_again(config, path
     assert outcome.results == [] and outcome.plans[0].recovered == [1]
     assert ledger.batch(1).status == "committed"
     assert [row[0] for row in _duckdb_rows(config, paths, "sales.orders", "order_id")] == list(range(1, 8))
+
+
+def test_a_writer_run_for_other_files_than_the_minted_batch_is_refused(config, paths):
+    stream = config.stream("orders")
+    land_events(paths, stream, [order_event(1)])
+    batch, _ = mint_next_batch(config, paths, stream, drain=True)
+    land_events(paths, stream, [order_event(2)])
+
+    # The ledger is checked before Spark is touched, so no session is needed to refuse the run.
+    with pytest.raises(LakehouseError, match="batch 1 holds 1 files in the ledger, but the run asked for 2"):
+        stage_batch(None, config, paths, stream, batch.sequence, expected_files=[*batch.files, "other.ndjson"])
+    assert StreamLedger(paths.staging("orders")).batch(1).staged is None
