@@ -12,13 +12,13 @@ from typing import Any
 
 import duckdb
 from pyiceberg.table import StaticTable
-from pyiceberg.table.snapshots import ancestors_of
 
 from lakehouse_assets import summary_keys
 from lakehouse_assets.change_events import DELETE
 from lakehouse_assets.config import ColumnSpec
 from lakehouse_assets.conversion import OPERATION_COLUMN, REASON_COLUMN
 from lakehouse_assets.duck import manifest_entries, scan
+from lakehouse_assets.recovery import CommitHistory, commit_history
 
 DUCKDB_TYPE_BY_ICEBERG_TYPE = {
     "boolean": "BOOLEAN",
@@ -95,27 +95,17 @@ def check_schema(
     )
 
 
-def _lakehouse_summaries(snapshot: CommittedSnapshot) -> list[dict[str, str]]:
-    table = snapshot.table()
-    start = table.metadata.snapshot_by_id(snapshot.snapshot_id)
-    summaries = [
-        s.summary.additional_properties
-        for s in ancestors_of(start, table.metadata)
-        if s.summary and summary_keys.STREAM in s.summary.additional_properties
-    ]
-    return summaries[::-1]
+def _history(snapshot: CommittedSnapshot) -> CommitHistory:
+    return commit_history(snapshot.table().metadata, snapshot.snapshot_id)
 
 
 def check_row_count(connection: duckdb.DuckDBPyConnection, snapshot: CommittedSnapshot) -> CheckOutcome:
     """The snapshot holds exactly the rows its lakehouse commits added net (appended, or inserted
-    minus deleted by a MERGE)."""
+    minus deleted by a MERGE), counting expired commits through the maintenance checkpoint."""
     counted = connection.sql(
         f"SELECT count(*) FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}"
     ).fetchone()[0]
-    staged = sum(
-        int(summary.get(summary_keys.NET_ROWS, summary.get(summary_keys.ROWS, "0")))
-        for summary in _lakehouse_summaries(snapshot)
-    )
+    staged = _history(snapshot).net_rows
     return CheckOutcome(
         counted == staged,
         f"DuckDB counts {counted} rows; the committed batches added {staged} net",
@@ -124,22 +114,28 @@ def check_row_count(connection: duckdb.DuckDBPyConnection, snapshot: CommittedSn
 
 
 def check_sequence_ranges(snapshot: CommittedSnapshot) -> CheckOutcome:
-    """Per stream, the batch ranges along the ancestry start at 1 and have no gap, overlap or repeat."""
+    """Per stream, the batch ranges along the ancestry start at 1 (or after the checkpoint of
+    expired commits) and have no gap, overlap or repeat."""
+    history = _history(snapshot)
     next_expected: dict[str, int] = defaultdict(lambda: 1)
+    if history.base:
+        next_expected.update({stream: last + 1 for stream, last in history.base.sequences.items()})
     problems = []
     ranges: dict[str, list[str]] = defaultdict(list)
-    for summary in _lakehouse_summaries(snapshot):
-        stream = summary[summary_keys.STREAM]
-        first, last = summary_keys.parse_batch_range(summary[summary_keys.BATCH_RANGE])
-        ranges[stream].append(summary[summary_keys.BATCH_RANGE])
+    for commit in history.commits:
+        stream, first, last = commit.stream, commit.first_sequence, commit.last_sequence
+        ranges[stream].append(summary_keys.format_batch_range(first, last))
         if first != next_expected[stream] or last < first:
             kind = "gap" if first > next_expected[stream] else "overlap or repeat"
             problems.append(f"stream {stream}: {kind}: range {first}-{last} after {next_expected[stream] - 1}")
         next_expected[stream] = max(next_expected[stream], last + 1)
+    metadata: dict[str, Any] = {"ranges": {stream: ", ".join(found) for stream, found in ranges.items()}}
+    if history.base:
+        metadata["checkpoint"] = {"snapshot_id": history.base.snapshot_id, "sequences": history.base.sequences}
     return CheckOutcome(
         not problems,
         "; ".join(problems) or "batch ranges are contiguous for every stream",
-        {"ranges": {stream: ", ".join(found) for stream, found in ranges.items()}},
+        metadata,
     )
 
 

@@ -1,4 +1,4 @@
-"""The ``lakehouse`` command: ingest, run, status, demo."""
+"""The ``lakehouse`` command: ingest, run, maintain, status, demo."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import dagster as dg
 
 from lakehouse_assets.config import load_config
-from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.defs import names
+from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.landing import land_events
 from lakehouse_assets.paths import LakehousePaths
 
@@ -60,6 +61,29 @@ def _run(args: argparse.Namespace) -> int:
         report = run_until_idle(build_definitions(load_config()), instance)
     print(f"idle: {len(report.succeeded)} runs succeeded, {len(report.failed)} failed")
     return 1 if report.failed else 0
+
+
+def _maintain(args: argparse.Namespace) -> int:
+    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.runner import run_job
+
+    paths, config = LakehousePaths.from_env(), load_config()
+    tables = [args.table] if args.table else list(config.tables())
+    unknown = [table for table in tables if table not in config.tables()]
+    if unknown:
+        raise ConfigError(f"unknown table {unknown[0]!r}; configured tables: {', '.join(config.tables())}")
+    repository = build_definitions(config).get_repository_def()
+    failed = 0
+    with dagster_instance(paths) as instance:
+        for table in tables:
+            result = run_job(repository.get_job(names.maintenance_job_name(table)), instance)
+            for observation in result.asset_observations_for_node(names.maintenance_op_name(table)):
+                figures = ", ".join(f"{key} {entry.value}" for key, entry in observation.metadata.items())
+                print(f"{table}: {figures}")
+            if not result.success:
+                failed += 1
+                print(f"{table}: maintenance run {result.run_id} FAILED; see `dagster dev` for its logs")
+    return 1 if failed else 0
 
 
 def _print_status(entries: list[dict]) -> None:
@@ -110,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="per-table progress and checks")
     status.add_argument("--json", action="store_true")
     status.set_defaults(handler=_status)
+    maintain = commands.add_parser("maintain", help="run table maintenance now (all tables, or one)")
+    maintain.add_argument("--table", help="namespace.table; default: every configured table")
+    maintain.set_defaults(handler=_maintain)
     demo = commands.add_parser("demo", help="generate sample events, run until idle, summarize")
     demo.add_argument("--events", type=int, default=10_000)
     demo.set_defaults(handler=_demo)

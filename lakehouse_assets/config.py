@@ -10,11 +10,12 @@ import os
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -126,6 +127,55 @@ class FlushSpec(_Strict):
         return parse_duration(value)
 
 
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""Seconds, written as a duration such as ``30s``, ``5m`` or ``7d``."""
+
+
+class CompactionSpec(_Strict):
+    """``rewrite_data_files`` and ``rewrite_position_delete_files`` options."""
+
+    enabled: bool = True
+    min_input_files: int = Field(default=5, gt=0)
+    """Rewrite a file group once it has this many files."""
+    delete_file_threshold: int = Field(default=1, gt=0)
+    """Rewrite a data file once this many delete files apply to it (merge-on-read tables)."""
+    target_file_size_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
+
+
+class ExpirySpec(_Strict):
+    """``expire_snapshots``: snapshots older than ``older_than`` go, except the last ``retain_last``.
+
+    A checkpoint of every stream's committed sequence is recorded first, so recovery never needs
+    an expired snapshot.
+    """
+
+    enabled: bool = True
+    older_than: Duration = 86400.0
+    retain_last: int = Field(default=10, ge=1)
+
+
+class OrphanFilesSpec(_Strict):
+    """``remove_orphan_files``: unreferenced files in the table's location older than ``older_than``."""
+
+    enabled: bool = True
+    older_than: Duration = Field(default=3 * 86400.0, gt=0)
+    """The grace period; keep it longer than any commit of any writer of the table."""
+
+
+class MaintenanceSpec(_Strict):
+    """Table maintenance, run by the table's maintenance job on ``schedule`` or on demand."""
+
+    schedule: str | None = "0 * * * *"
+    """Cron schedule of the maintenance job; null runs it only on demand."""
+    compaction: CompactionSpec = Field(default_factory=CompactionSpec)
+    expire_snapshots: ExpirySpec = Field(default_factory=ExpirySpec)
+    remove_orphan_files: OrphanFilesSpec = Field(default_factory=OrphanFilesSpec)
+    rewrite_manifests: bool = True
+    landing_retention: Duration = 7 * 86400.0
+    """Committed landing files are removed this long after their commit, once no retained
+    snapshot could be rolled back to before it."""
+
+
 class LandingSourceSpec(_Strict):
     """Append-only NDJSON files in a directory; defaults to ``$LAKEHOUSE_HOME/landing/<stream>``."""
 
@@ -160,6 +210,7 @@ class StreamSpec(_Strict):
     flush: FlushSpec = Field(default_factory=FlushSpec)
     commit_interval: float = 300.0
     event_time_column: str | None = None
+    maintenance: MaintenanceSpec = Field(default_factory=MaintenanceSpec)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -294,6 +345,12 @@ class LakehouseConfig(_Strict):
             raise ValueError(f"duplicate stream names: {', '.join(duplicates)}")
         if not self.streams:
             raise ValueError("streams: declare at least one stream")
+        for table, streams in self.tables().items():
+            if len({stream.maintenance.model_dump_json(exclude={"landing_retention"}) for stream in streams}) > 1:
+                raise ValueError(
+                    f"streams {', '.join(s.name for s in streams)} write {table} with different maintenance "
+                    "settings; a table is maintained once, so give them the same (landing_retention may differ)"
+                )
         return self
 
     def stream(self, name: str) -> StreamSpec:
@@ -303,6 +360,10 @@ class LakehouseConfig(_Strict):
                 return stream
         known = ", ".join(stream.name for stream in self.streams)
         raise ConfigError(f"unknown stream {name!r}; configured streams: {known}")
+
+    def maintenance(self, table_identifier: str) -> MaintenanceSpec:
+        """The table's maintenance settings (its streams agree on them)."""
+        return self.tables()[table_identifier][0].maintenance
 
     def tables(self) -> dict[str, list[StreamSpec]]:
         """Each target table identifier with the streams that write it."""

@@ -31,3 +31,7 @@ class TableNotFoundError(LakehouseError):
 
 class FencedError(LakehouseError):
     """Another committer moved the table since this one planned; this one stops without committing."""
+
+
+class TruncatedAncestryError(LakehouseError):
+    """Snapshots expired without a lakehouse checkpoint, so what was committed before them is unknown."""

@@ -29,6 +29,7 @@ COMMITTER_AFTER_DEAD_LETTERS = "committer.after_dead_letters_before_table"
 COMMITTER_AFTER_WRITE = "committer.after_write"
 COMMITTER_AFTER_COMMIT = "committer.after_commit_before_bookkeeping"
 COMMITTER_DURING_CLEANUP = "committer.during_cleanup"
+MAINTENANCE_AFTER_CHECKPOINT = "maintenance.after_checkpoint_before_expiry"
 CRASH_POINTS = (
     WRITER_AFTER_STAGING,
     WRITER_AFTER_RECORDING,
@@ -38,6 +39,7 @@ CRASH_POINTS = (
     COMMITTER_AFTER_COMMIT,
     COMMITTER_DURING_CLEANUP,
 )
+MAINTENANCE_CRASH_POINTS = (MAINTENANCE_AFTER_CHECKPOINT,)
 
 
 class InjectedFault(RuntimeError):

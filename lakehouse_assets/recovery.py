@@ -3,17 +3,26 @@
 The committer never trusts a cursor, a local file or a Dagster run for this: it walks parent
 pointers from the current snapshot (not all snapshots, so a rollback re-commits what it removed)
 and reads the ``lakehouse.*`` keys each commit wrote atomically with its data.
+
+``expire_snapshots`` cuts the ancestry. Before it does, maintenance writes a checkpoint (the
+table property ``lakehouse.checkpoint``) holding what the commits up to the oldest snapshot it
+keeps added; the walk stops at that snapshot and starts from the checkpoint. An ancestry cut
+anywhere else cannot be read safely, and says so instead of guessing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Snapshot, ancestors_of
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Snapshot
 
 from lakehouse_assets import summary_keys
+from lakehouse_assets.errors import TruncatedAncestryError
+
+CHECKPOINT_PROPERTY = "lakehouse.checkpoint"
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,7 @@ class LakehouseCommit:
     first_sequence: int
     last_sequence: int
     rows: int
+    net_rows: int
     epoch: int
     run: str
     timestamp_ms: int
@@ -39,11 +49,70 @@ class CommittedState:
     epoch: int
 
 
-def ancestry(table: Table | None) -> Iterator[Snapshot]:
-    """Snapshots from the current one back through its parents (newest first)."""
-    if table is None or table.current_snapshot() is None:
-        return iter(())
-    return ancestors_of(table.current_snapshot(), table.metadata)
+@dataclass(frozen=True)
+class Checkpoint:
+    """What the lakehouse commits up to and including one snapshot added, kept when they expire."""
+
+    snapshot_id: int
+    sequences: dict[str, int] = field(default_factory=dict)
+    net_rows: int = 0
+    epoch: int = 0
+
+    def to_json(self) -> str:
+        fields = {"snapshot-id": self.snapshot_id, "sequences": self.sequences}
+        return json.dumps({**fields, "net-rows": self.net_rows, "epoch": self.epoch}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Checkpoint:
+        value = json.loads(text)
+        return cls(value["snapshot-id"], value["sequences"], value["net-rows"], value["epoch"])
+
+
+@dataclass(frozen=True)
+class CommitHistory:
+    """The ancestry of one snapshot, oldest first: a checkpoint for the part that may have expired,
+    then the snapshots after it and the lakehouse commits among them."""
+
+    base: Checkpoint | None
+    snapshots: list[Snapshot]
+
+    @property
+    def commits(self) -> list[LakehouseCommit]:
+        return [commit for commit in map(_as_commit, self.snapshots) if commit is not None]
+
+    def base_sequence(self, stream: str) -> int:
+        """The stream's sequence carried by the checkpoint, 0 if none."""
+        return self.base.sequences.get(stream, 0) if self.base else 0
+
+    def sequence(self, stream: str) -> int:
+        """The stream's highest committed sequence, 0 if none."""
+        return self.checkpoint_at(None).sequences.get(stream, 0)
+
+    @property
+    def epoch(self) -> int:
+        """The newest committer epoch in the history."""
+        return self.checkpoint_at(None).epoch
+
+    @property
+    def net_rows(self) -> int:
+        """Rows the lakehouse commits added net (appended, or inserted minus deleted)."""
+        return self.checkpoint_at(None).net_rows
+
+    def checkpoint_at(self, snapshot_id: int | None) -> Checkpoint:
+        """The checkpoint for ``snapshot_id`` (an ancestor; None for the newest): base plus commits up to it."""
+        sequences = dict(self.base.sequences) if self.base else {}
+        net_rows, epoch = (self.base.net_rows, self.base.epoch) if self.base else (0, 0)
+        last_id = self.base.snapshot_id if self.base else 0
+        for snapshot in self.snapshots:
+            commit = _as_commit(snapshot)
+            if commit is not None:
+                sequences[commit.stream] = max(sequences.get(commit.stream, 0), commit.last_sequence)
+                net_rows += commit.net_rows
+                epoch = max(epoch, commit.epoch)
+            last_id = snapshot.snapshot_id
+            if snapshot.snapshot_id == snapshot_id:
+                break
+        return Checkpoint(last_id, sequences, net_rows, epoch)
 
 
 def _as_commit(snapshot: Snapshot) -> LakehouseCommit | None:
@@ -51,29 +120,72 @@ def _as_commit(snapshot: Snapshot) -> LakehouseCommit | None:
     if summary_keys.STREAM not in summary:
         return None
     first, last = summary_keys.parse_batch_range(summary[summary_keys.BATCH_RANGE])
+    rows = int(summary.get(summary_keys.ROWS, "0"))
     return LakehouseCommit(
         snapshot_id=snapshot.snapshot_id,
         stream=summary[summary_keys.STREAM],
         first_sequence=first,
         last_sequence=last,
-        rows=int(summary.get(summary_keys.ROWS, "0")),
+        rows=rows,
+        net_rows=int(summary.get(summary_keys.NET_ROWS, rows)),
         epoch=int(summary.get(summary_keys.COMMITTER_EPOCH, "0")),
         run=summary.get(summary_keys.COMMITTER_RUN, ""),
         timestamp_ms=snapshot.timestamp_ms,
     )
 
 
+def read_checkpoint(metadata: TableMetadata) -> Checkpoint | None:
+    """The checkpoint maintenance recorded in the table's properties, if any."""
+    text = metadata.properties.get(CHECKPOINT_PROPERTY)
+    return Checkpoint.from_json(text) if text else None
+
+
+def commit_history(metadata: TableMetadata, snapshot_id: int | None) -> CommitHistory:
+    """The history of ``snapshot_id``: its ancestors back to the checkpoint or the first snapshot.
+
+    Raises TruncatedAncestryError when the ancestry ends at an expired snapshot that no checkpoint
+    covers: what was committed before it is unknown, and guessing would lose or duplicate batches.
+    """
+    checkpoint = read_checkpoint(metadata)
+    walked: list[Snapshot] = []
+    snapshot = metadata.snapshot_by_id(snapshot_id) if snapshot_id is not None else None
+    while snapshot is not None:
+        if checkpoint and snapshot.snapshot_id == checkpoint.snapshot_id:
+            return CommitHistory(checkpoint, walked[::-1])
+        walked.append(snapshot)
+        if snapshot.parent_snapshot_id is None:
+            return CommitHistory(None, walked[::-1])
+        parent = metadata.snapshot_by_id(snapshot.parent_snapshot_id)
+        if parent is None:
+            if checkpoint and snapshot.parent_snapshot_id == checkpoint.snapshot_id:
+                return CommitHistory(checkpoint, walked[::-1])
+            raise TruncatedAncestryError(
+                f"snapshot {snapshot.snapshot_id}'s parent {snapshot.parent_snapshot_id} has expired and no "
+                f"lakehouse checkpoint covers it (the checkpoint is "
+                f"{checkpoint.snapshot_id if checkpoint else 'absent'}); the committed sequences before it "
+                "are unknown. Expire snapshots with `lakehouse maintain`, which records a checkpoint first"
+            )
+        snapshot = parent
+    return CommitHistory(None, [])
+
+
+def table_history(table: Table | None) -> CommitHistory:
+    """The history of the table's current snapshot (empty for a missing or empty table)."""
+    if table is None or table.current_snapshot() is None:
+        return CommitHistory(None, [])
+    return commit_history(table.metadata, table.current_snapshot().snapshot_id)
+
+
 def lakehouse_commits(table: Table | None) -> list[LakehouseCommit]:
-    """The lakehouse commits along the current ancestry, oldest first."""
-    commits = (_as_commit(snapshot) for snapshot in ancestry(table))
-    return [commit for commit in commits if commit is not None][::-1]
+    """The lakehouse commits along the current ancestry after the checkpoint, oldest first."""
+    return table_history(table).commits
 
 
 def committed_state(table: Table | None, stream: str) -> CommittedState:
-    """The stream's highest committed sequence (0 if none) and the table's newest epoch."""
-    sequence, snapshot_id, epoch = 0, None, 0
-    for commit in lakehouse_commits(table):
-        epoch = max(epoch, commit.epoch)
-        if commit.stream == stream and commit.last_sequence >= sequence:
-            sequence, snapshot_id = commit.last_sequence, commit.snapshot_id
-    return CommittedState(sequence=sequence, snapshot_id=snapshot_id, epoch=epoch)
+    """The stream's highest committed sequence (0 if none), the snapshot that holds it and the
+    table's newest epoch."""
+    history = table_history(table)
+    sequence = history.sequence(stream)
+    holders = [c.snapshot_id for c in history.commits if c.stream == stream and c.last_sequence == sequence]
+    snapshot_id = holders[-1] if holders else (history.base.snapshot_id if sequence else None)
+    return CommittedState(sequence=sequence, snapshot_id=snapshot_id, epoch=history.epoch)

@@ -91,6 +91,21 @@ def fail_runs_of_dead_processes(instance: dg.DagsterInstance, log: Callable[[str
     return failed
 
 
+def run_job(
+    job: dg.JobDefinition,
+    instance: dg.DagsterInstance,
+    run_config: dict | None = None,
+    tags: dict[str, str] | None = None,
+) -> dg.ExecuteInProcessResult:
+    """Execute ``job`` in this process, recorded in ``instance`` and tagged with this process."""
+    return job.execute_in_process(
+        run_config={**(run_config or {}), **QUIET_CONSOLE},
+        instance=instance,
+        tags={**(tags or {}), PROCESS_TAG: _process_label()},
+        raise_on_error=False,
+    )
+
+
 def run_until_idle(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
@@ -119,15 +134,10 @@ def run_until_idle(
                 if request.run_key and _already_done(instance, sensor.name, request.run_key):
                     continue
                 job = repository.get_job(sensor.job_name)
-                tags = {**request.tags, SENSOR_NAME_TAG: sensor.name, PROCESS_TAG: _process_label()}
+                tags = {**request.tags, SENSOR_NAME_TAG: sensor.name}
                 if request.run_key:
                     tags[RUN_KEY_TAG] = request.run_key
-                result = job.execute_in_process(
-                    run_config={**request.run_config, **QUIET_CONSOLE},
-                    instance=instance,
-                    tags=tags,
-                    raise_on_error=False,
-                )
+                result = run_job(job, instance, request.run_config, tags)
                 label = f"{job.name} ({request.run_key or 'no run key'}) run {result.run_id}"
                 (report.succeeded if result.success else report.failed).append(label)
                 log(("ok     " if result.success else "FAILED ") + label)

@@ -50,3 +50,15 @@ def staged_sensor_name(table_identifier: str) -> str:
 
 def commit_pool(table_identifier: str) -> str:
     return f"iceberg_commit/{table_identifier}"
+
+
+def maintenance_job_name(table_identifier: str) -> str:
+    return f"{table_identifier.replace('.', '_')}_maintenance_job"
+
+
+def maintenance_op_name(table_identifier: str) -> str:
+    return f"maintain_{table_identifier.replace('.', '_')}"
+
+
+def maintenance_schedule_name(table_identifier: str) -> str:
+    return f"{table_identifier.replace('.', '_')}_maintenance_schedule"

@@ -11,7 +11,7 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import StagedBatchConfig
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.micro_batching import mint_next_batch
-from lakehouse_assets.recovery import ancestry, committed_state
+from lakehouse_assets.recovery import committed_state
 from lakehouse_assets.table_metadata import load_committed_table
 
 MAX_BATCHES_PER_TICK = 16
@@ -90,7 +90,7 @@ def staged_batches_sensor(table_identifier: str, streams: list[StreamSpec]) -> d
                 ready[stream.name] = len(plan.ready)
         if not ready:
             return dg.SkipReason("no staged batches are ready to commit")
-        current = next(ancestry(table), None)
+        current = table.current_snapshot() if table else None
         interval = min(stream.commit_interval for stream in streams)
         since_commit = time.time() - current.timestamp_ms / 1000 if current else float("inf")
         if lakehouse.until_idle:

@@ -70,9 +70,16 @@ def land_round(config: LakehouseConfig, paths: LakehousePaths, round_number: int
 
 def run_pipeline_process(extra_env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """``lakehouse run --until-idle`` as a separate process with this test's homes and config."""
+    return run_lakehouse_process(["run", "--until-idle"], extra_env, timeout)
+
+
+def run_lakehouse_process(
+    arguments: list[str], extra_env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """``lakehouse <arguments>`` as a separate process with this test's homes and config."""
     env = {**os.environ, **(extra_env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "lakehouse_assets.cli", "run", "--until-idle"],
+        [sys.executable, "-m", "lakehouse_assets.cli", *arguments],
         env=env,
         capture_output=True,
         text=True,

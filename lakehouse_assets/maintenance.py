@@ -1,0 +1,191 @@
+"""Table maintenance with Iceberg's Spark procedures, holding the table's commit lock.
+
+Compaction, snapshot expiry, orphan-file removal and manifest rewrites each commit (or delete
+files) beside the committer, so they run under the same OS lock and, in Dagster, in the same
+concurrency pool. Expiry first records a checkpoint of what the snapshots it removes committed
+(see ``recovery``), so the committer's position survives it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot, ancestors_of
+from pyspark.sql import SparkSession
+
+from lakehouse_assets import faults
+from lakehouse_assets.config import CompactionSpec, ExpirySpec, LakehouseConfig, MaintenanceSpec
+from lakehouse_assets.dead_letters import dead_letter_identifier
+from lakehouse_assets.faults import crash_point
+from lakehouse_assets.landing_retention import remove_committed_landing_files
+from lakehouse_assets.locks import exclusive_lock, table_lock_file
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.recovery import CHECKPOINT_PROPERTY, table_history
+from lakehouse_assets.table_metadata import load_committed_table
+from lakehouse_assets.tables import CATALOG_NAME, qualified_name
+
+
+@dataclass(frozen=True)
+class MaintenanceStep:
+    """What one maintenance action did to one table."""
+
+    table: str
+    action: str
+    seconds: float
+    counts: dict[str, Any] = field(default_factory=dict)
+
+
+def _call(spark: SparkSession, procedure: str, arguments: str) -> dict[str, Any]:
+    rows = spark.sql(f"CALL {CATALOG_NAME}.system.{procedure}({arguments})").collect()
+    return rows[0].asDict() if rows else {}
+
+
+def _timestamp_literal(epoch_ms: int) -> str:
+    # The session time zone is UTC (spark.py), so the literal means the same instant everywhere.
+    return "TIMESTAMP '" + datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "'"
+
+
+def _has_delete_files(table: Table) -> bool:
+    snapshot = table.current_snapshot()
+    summary = snapshot.summary.additional_properties if snapshot and snapshot.summary else {}
+    return int(summary.get("total-delete-files", "0")) > 0
+
+
+def compact(spark: SparkSession, table: Table, identifier: str, spec: CompactionSpec) -> dict[str, Any]:
+    """Bin-pack small data files (and those with many deletes), then compact position deletes."""
+    options = {
+        "min-input-files": spec.min_input_files,
+        "delete-file-threshold": spec.delete_file_threshold,
+        "target-file-size-bytes": spec.target_file_size_bytes,
+    }
+    option_map = ", ".join(f"'{key}', '{value}'" for key, value in options.items())
+    counts = _call(spark, "rewrite_data_files", f"table => '{identifier}', options => map({option_map})")
+    # Position-delete files exist only in format v2; v3 deletion vectors are rewritten with the data.
+    if table.metadata.format_version == 2 and _has_delete_files(table):
+        deletes = _call(spark, "rewrite_position_delete_files", f"table => '{identifier}'")
+        counts.update({f"position_deletes_{key}": value for key, value in deletes.items()})
+    return counts
+
+
+def retained_ancestors(table: Table, older_than_ms: int, retain_last: int) -> list[Snapshot]:
+    """The current ancestors ``expire_snapshots`` keeps, newest first.
+
+    Mirrors Iceberg's rule (``RemoveSnapshots.computeBranchSnapshotsToRetain``): walk back from the
+    current snapshot keeping ancestors while fewer than ``retain_last`` are kept or the ancestor is
+    not older than ``older_than_ms``; the first ancestor that fails both ends the walk.
+    """
+    kept: list[Snapshot] = []
+    for ancestor in ancestors_of(table.current_snapshot(), table.metadata):
+        if len(kept) < retain_last or ancestor.timestamp_ms >= older_than_ms:
+            kept.append(ancestor)
+        else:
+            break
+    return kept
+
+
+def record_checkpoint(spark: SparkSession, table: Table, identifier: str, oldest_kept: Snapshot) -> bool:
+    """Record what the commits up to ``oldest_kept`` added, unless the recorded checkpoint is at or after it."""
+    history = table_history(table)
+    if oldest_kept.snapshot_id not in {snapshot.snapshot_id for snapshot in history.snapshots}:
+        return False
+    checkpoint = history.checkpoint_at(oldest_kept.snapshot_id)
+    spark.sql(
+        f"ALTER TABLE {qualified_name(identifier)} SET TBLPROPERTIES "
+        f"('{CHECKPOINT_PROPERTY}' = '{checkpoint.to_json()}')"
+    )
+    return True
+
+
+def expire_snapshots(
+    spark: SparkSession, table: Table, identifier: str, spec: ExpirySpec, now_ms: int
+) -> dict[str, Any]:
+    """Expire old snapshots after recording the checkpoint that keeps recovery working."""
+    older_than_ms = now_ms - int(spec.older_than * 1000)
+    kept = retained_ancestors(table, older_than_ms, spec.retain_last)
+    recorded = kept[-1].parent_snapshot_id is not None and record_checkpoint(spark, table, identifier, kept[-1])
+    crash_point(faults.MAINTENANCE_AFTER_CHECKPOINT)
+    older_than = _timestamp_literal(older_than_ms)
+    arguments = f"table => '{identifier}', older_than => {older_than}, retain_last => {spec.retain_last}"
+    counts = _call(spark, "expire_snapshots", arguments)
+    return {"checkpoint_recorded": recorded, "snapshots_kept_in_ancestry": len(kept), **counts}
+
+
+def remove_orphan_files(spark: SparkSession, identifier: str, older_than_seconds: float, now_ms: int) -> dict[str, Any]:
+    """Delete files under the table's location that no metadata references and that are older than the grace.
+
+    Goes around the ``remove_orphan_files`` procedure, which refuses a grace under 24 hours, to the
+    same Spark action it calls: the grace is the user's setting (tests use seconds).
+    """
+    jvm, session = spark._jvm, spark._jsparkSession
+    java_table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(session, qualified_name(identifier))
+    result = (
+        jvm.org.apache.iceberg.spark.actions.SparkActions.get(session)
+        .deleteOrphanFiles(java_table)
+        .olderThan(now_ms - int(older_than_seconds * 1000))
+        .execute()
+    )
+    removed = [str(location) for location in result.orphanFileLocations()]
+    return {"orphan_files_removed": len(removed), "examples": removed[:5]}
+
+
+def rewrite_manifests(spark: SparkSession, identifier: str) -> dict[str, Any]:
+    """Cluster manifests so scans plan from few, well-sorted manifests."""
+    return _call(spark, "rewrite_manifests", f"table => '{identifier}'")
+
+
+def _maintain_one(
+    spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, identifier: str, spec: MaintenanceSpec
+) -> list[MaintenanceStep]:
+    steps: list[MaintenanceStep] = []
+
+    def now_ms() -> int:
+        return int(time.time() * 1000)
+
+    actions = [
+        ("compaction", spec.compaction.enabled, lambda table: compact(spark, table, identifier, spec.compaction)),
+        ("rewrite_manifests", spec.rewrite_manifests, lambda table: rewrite_manifests(spark, identifier)),
+        (
+            "expire_snapshots",
+            spec.expire_snapshots.enabled,
+            lambda table: expire_snapshots(spark, table, identifier, spec.expire_snapshots, now_ms()),
+        ),
+        (
+            "remove_orphan_files",
+            spec.remove_orphan_files.enabled,
+            lambda table: remove_orphan_files(spark, identifier, spec.remove_orphan_files.older_than, now_ms()),
+        ),
+    ]
+    for action, enabled, run in actions:
+        table = load_committed_table(config, paths, identifier)
+        if not enabled or table is None or table.current_snapshot() is None:
+            continue
+        started = time.monotonic()
+        counts = run(table)
+        steps.append(MaintenanceStep(identifier, action, time.monotonic() - started, counts))
+    return steps
+
+
+def maintain_table(
+    spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, table_identifier: str
+) -> list[MaintenanceStep]:
+    """Run every enabled maintenance action on the table and its dead-letter table, then remove
+    landing files that are committed beyond any rollback and older than the retention."""
+    spec = config.maintenance(table_identifier)
+    steps: list[MaintenanceStep] = []
+    with exclusive_lock(table_lock_file(paths.locks, table_identifier)):
+        for identifier in (table_identifier, dead_letter_identifier(table_identifier)):
+            steps.extend(_maintain_one(spark, config, paths, identifier, spec))
+        table = load_committed_table(config, paths, table_identifier)
+        for stream in config.tables()[table_identifier]:
+            started = time.monotonic()
+            removed = remove_committed_landing_files(paths, stream, table, time.time())
+            steps.append(
+                MaintenanceStep(
+                    table_identifier, f"landing_retention:{stream.name}", time.monotonic() - started, removed
+                )
+            )
+    return steps

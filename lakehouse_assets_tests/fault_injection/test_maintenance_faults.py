@@ -1,0 +1,138 @@
+"""Recovery survives table maintenance: expiry cuts the ancestry only behind a checkpoint, a crash
+between the two is harmless, and an expiry that skipped the checkpoint is refused loudly."""
+
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from lakehouse_assets import faults
+from lakehouse_assets.config import load_config
+from lakehouse_assets.recovery import CHECKPOINT_PROPERTY, committed_state
+from lakehouse_assets.spark import lakehouse_session
+from lakehouse_assets.table_metadata import load_committed_table
+from lakehouse_assets_tests.conftest import write_config
+from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
+from lakehouse_assets_tests.fault_injection.pipeline import (
+    CUSTOMERS,
+    ORDERS,
+    land_round,
+    run_lakehouse_process,
+    run_pipeline_process,
+)
+from lakehouse_assets_tests.fault_injection.test_faults import _first_round_in_process
+
+pytestmark = pytest.mark.spark
+
+# Expire everything but the last two snapshots, compact as soon as two files exist.
+AGGRESSIVE_MAINTENANCE = {
+    "schedule": None,
+    "compaction": {"min_input_files": 2},
+    "expire_snapshots": {"older_than": "0s", "retain_last": 2},
+    "remove_orphan_files": {"older_than": "1s"},
+}
+TABLES = ("sales.orders", "crm.customers")
+
+
+@pytest.fixture
+def pipeline(lakehouse_home, tmp_path, monkeypatch):
+    streams = [{**stream, "maintenance": AGGRESSIVE_MAINTENANCE} for stream in (ORDERS, CUSTOMERS)]
+    write_config(tmp_path, {"streams": streams}, monkeypatch)
+    return load_config()
+
+
+def _ancestry_is_cut(config, paths, identifier):
+    table = load_committed_table(config, paths, identifier)
+    snapshots = {snapshot.snapshot_id: snapshot for snapshot in table.metadata.snapshots}
+    oldest = min(snapshots.values(), key=lambda snapshot: snapshot.sequence_number)
+    return oldest.parent_snapshot_id is not None and CHECKPOINT_PROPERTY in table.metadata.properties
+
+
+def _maintain():
+    completed = run_lakehouse_process(["maintain"])
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return completed.stdout
+
+
+def test_expiry_and_compaction_keep_recovery_exactly_once(pipeline, paths, instance, lakehouse_home):
+    config = pipeline
+    _first_round_in_process(config, paths, instance)
+    land_round(config, paths, 1)
+    assert run_pipeline_process().returncode == 0
+    before = {
+        stream.name: committed_state(load_committed_table(config, paths, stream.table_identifier), stream.name)
+        for stream in config.streams
+    }
+
+    output = _maintain()
+
+    assert "compaction.rewritten_data_files_count" in output
+    for identifier in TABLES:
+        assert _ancestry_is_cut(config, paths, identifier), identifier
+    for stream in config.streams:
+        after = committed_state(load_committed_table(config, paths, stream.table_identifier), stream.name)
+        assert after.sequence == before[stream.name].sequence
+        assert after.epoch == before[stream.name].epoch
+    assert invariant_violations(config, paths) == []
+
+    # Local state and Dagster's history wiped, new events: nothing is re-committed or lost.
+    shutil.rmtree(lakehouse_home / "state")
+    shutil.rmtree(Path(os.environ["DAGSTER_HOME"]))
+    Path(os.environ["DAGSTER_HOME"]).mkdir()
+    kept = {
+        identifier: load_committed_table(config, paths, identifier).current_snapshot().snapshot_id
+        for identifier in TABLES
+    }
+    land_round(config, paths, 2)
+    assert run_pipeline_process().returncode == 0
+    assert run_pipeline_process().returncode == 0  # removes the staged Parquet of round 2
+    assert invariant_violations(config, paths) == []
+
+    # A rollback to a snapshot maintenance kept re-commits round 2, staged again from landing files.
+    session = lakehouse_session(config, paths)
+    for identifier, snapshot_id in kept.items():
+        session.sql(f"CALL lake.system.rollback_to_snapshot('{identifier}', {snapshot_id})")
+    assert invariant_violations(config, paths) != []
+    assert run_pipeline_process().returncode == 0
+    assert invariant_violations(config, paths) == []
+
+
+def test_maintenance_killed_between_checkpoint_and_expiry(pipeline, paths, instance):
+    config = pipeline
+    _first_round_in_process(config, paths, instance)
+    land_round(config, paths, 1)
+    assert run_pipeline_process().returncode == 0
+
+    crashed = run_lakehouse_process(["maintain"], {faults.CRASH_ENV: faults.MAINTENANCE_AFTER_CHECKPOINT})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-3000:] + crashed.stderr[-3000:]
+    land_round(config, paths, 2)
+    assert run_pipeline_process().returncode == 0
+    assert invariant_violations(config, paths) == []
+
+    _maintain()
+    land_round(config, paths, 3)
+    assert run_pipeline_process().returncode == 0
+    assert invariant_violations(config, paths) == []
+
+
+def test_an_expiry_without_checkpoint_stops_the_committer_loudly(pipeline, paths, instance):
+    config = pipeline
+    _first_round_in_process(config, paths, instance)
+    land_round(config, paths, 1)
+    assert run_pipeline_process().returncode == 0
+    # Someone expires snapshots with Iceberg's procedure directly: the stream's commits are gone.
+    lakehouse_session(config, paths).sql(
+        "CALL lake.system.expire_snapshots(table => 'sales.orders', older_than => TIMESTAMP '2100-01-01', "
+        "retain_last => 1)"
+    )
+    rows_before = load_committed_table(config, paths, "sales.orders").scan().to_arrow().num_rows
+    land_round(config, paths, 2)
+
+    failed = run_pipeline_process()
+
+    # The micro-batch sensor is the first to read the ancestry: it refuses to number new batches.
+    assert failed.returncode == 2
+    assert "no lakehouse checkpoint covers it" in failed.stderr
+    assert load_committed_table(config, paths, "sales.orders").scan().to_arrow().num_rows == rows_before
