@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.landing import land_events
 from lakehouse_assets.paths import LakehousePaths
@@ -48,7 +49,15 @@ CUSTOMERS = {
     "flush": {"max_bytes": 100_000, "max_age": "60s"},
     "commit_interval": "0s",
 }
-PIPELINE = {"streams": [ORDERS, CUSTOMERS]}
+# Maintenance runs only when a test asks; then it expires everything but the last two snapshots
+# and compacts as soon as two files exist.
+AGGRESSIVE_MAINTENANCE = {
+    "schedule": None,
+    "compaction": {"min_input_files": 2},
+    "expire_snapshots": {"older_than": "0s", "retain_last": 2},
+    "remove_orphan_files": {"older_than": "1m"},
+}
+PIPELINE = {"streams": [{**stream, "maintenance": AGGRESSIVE_MAINTENANCE} for stream in (ORDERS, CUSTOMERS)]}
 OPERATIONS = ("c", "u", "d", "u", "c")
 
 
@@ -66,6 +75,15 @@ def land_round(config: LakehouseConfig, paths: LakehousePaths, round_number: int
     ]
     changes.append(json.dumps({"op": "merge", "id": 1, "note": f"round {round_number}: unknown operation"}))
     land_events(paths, config.stream("customers"), changes)
+
+
+def remove_staged_parquet(config: LakehouseConfig, paths: LakehousePaths) -> None:
+    """Remove the staged Parquet of every committed batch, as the next committer pass does."""
+    for stream in config.streams:
+        ledger = StreamLedger(paths.staging(stream.name))
+        for record in ledger.batches():
+            if record.committed:
+                ledger.remove_attempts(record.sequence)
 
 
 def run_pipeline_process(extra_env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:

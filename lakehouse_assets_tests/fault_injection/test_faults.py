@@ -14,37 +14,21 @@ import pytest
 
 from lakehouse_assets import faults, summary_keys
 from lakehouse_assets.batch_ledger import StreamLedger
-from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.recovery import lakehouse_commits
-from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
-from lakehouse_assets_tests.conftest import write_config
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
-    PIPELINE,
     land_round,
+    remove_staged_parquet,
     run_pipeline_process,
     start_pipeline_process,
 )
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture
-def pipeline(lakehouse_home, tmp_path, monkeypatch):
-    write_config(tmp_path, PIPELINE, monkeypatch)
-    config = load_config()
-    return config, lakehouse_home
-
-
-def _first_round_in_process(config, paths, instance):
-    land_round(config, paths, 0)
-    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
-    assert invariant_violations(config, paths) == []
 
 
 def _commits_per_batch(config, paths, identifier):
@@ -57,9 +41,7 @@ def _commits_per_batch(config, paths, identifier):
 
 
 @pytest.mark.parametrize("point", faults.CRASH_POINTS)
-def test_a_pipeline_killed_at_each_point_recovers_exactly_once(point, pipeline, paths, instance):
-    config, _ = pipeline
-    _first_round_in_process(config, paths, instance)
+def test_a_pipeline_killed_at_each_point_recovers_exactly_once(point, config, paths):
     land_round(config, paths, 1)
 
     crashed = run_pipeline_process({faults.CRASH_ENV: point})
@@ -70,9 +52,7 @@ def test_a_pipeline_killed_at_each_point_recovers_exactly_once(point, pipeline, 
     assert invariant_violations(config, paths) == []
 
 
-def test_a_crash_then_wiped_local_state_loses_and_duplicates_nothing(pipeline, paths, instance, lakehouse_home):
-    config, _ = pipeline
-    _first_round_in_process(config, paths, instance)
+def test_a_crash_then_wiped_local_state_loses_and_duplicates_nothing(config, paths, lakehouse_home):
     land_round(config, paths, 1)
     crashed = run_pipeline_process({faults.CRASH_ENV: faults.COMMITTER_AFTER_COMMIT})
     assert crashed.returncode == -signal.SIGKILL
@@ -89,9 +69,7 @@ def test_a_crash_then_wiped_local_state_loses_and_duplicates_nothing(pipeline, p
     assert invariant_violations(config, paths) == []
 
 
-def test_an_error_after_a_commit_landed_is_decided_by_the_ancestry(pipeline, paths, instance):
-    config, _ = pipeline
-    _first_round_in_process(config, paths, instance)
+def test_an_error_after_a_commit_landed_is_decided_by_the_ancestry(config, paths):
     land_round(config, paths, 1)
 
     # Every write "fails" after its commit landed: the committer must see the commit in the
@@ -103,9 +81,7 @@ def test_an_error_after_a_commit_landed_is_decided_by_the_ancestry(pipeline, pat
     assert _commits_per_batch(config, paths, "crm.customers")
 
 
-def test_a_failed_commit_keeps_staged_data_for_the_next_run(pipeline, paths, instance):
-    config, _ = pipeline
-    _first_round_in_process(config, paths, instance)
+def test_a_failed_commit_keeps_staged_data_for_the_next_run(config, paths):
     land_round(config, paths, 1)
 
     failed = run_pipeline_process({faults.FAIL_ENV: faults.COMMITTER_BEFORE_COMMIT})
@@ -117,9 +93,7 @@ def test_a_failed_commit_keeps_staged_data_for_the_next_run(pipeline, paths, ins
     assert invariant_violations(config, paths) == []
 
 
-def test_two_pipelines_at_once_commit_each_batch_once(pipeline, paths, instance, tmp_path):
-    config, _ = pipeline
-    _first_round_in_process(config, paths, instance)
+def test_two_pipelines_at_once_commit_each_batch_once(config, paths, tmp_path):
     for round_number in (1, 2):
         land_round(config, paths, round_number)
 
@@ -161,9 +135,7 @@ def _stage_in_process(config, instance, stream):
         )
 
 
-def test_a_stale_committer_is_fenced_and_commits_nothing(pipeline, paths, instance, tmp_path):
-    config, _ = pipeline
-    _first_round_in_process(config, paths, instance)
+def test_a_stale_committer_is_fenced_and_commits_nothing(config, paths, instance, tmp_path):
     land_round(config, paths, 1)
     _stage_in_process(config, instance, "orders")
     pause_dir = tmp_path / "pauses"
@@ -192,13 +164,11 @@ def test_a_stale_committer_is_fenced_and_commits_nothing(pipeline, paths, instan
     assert _commits_per_batch(config, paths, "sales.orders")
 
 
-def test_a_rolled_back_table_gets_its_batches_again(pipeline, paths, instance):
-    config, _ = pipeline
-    _first_round_in_process(config, paths, instance)
+def test_a_rolled_back_table_gets_its_batches_again(config, paths):
     kept = load_committed_table(config, paths, "sales.orders").current_snapshot().snapshot_id
     land_round(config, paths, 1)
     assert run_pipeline_process().returncode == 0
-    assert run_pipeline_process().returncode == 0  # a second pass removes the staged Parquet
+    remove_staged_parquet(config, paths)  # as the next committer pass would
 
     lakehouse_session(config, paths).sql(f"CALL lake.system.rollback_to_snapshot('sales.orders', {kept})")
     assert invariant_violations(config, paths) != []
@@ -207,9 +177,7 @@ def test_a_rolled_back_table_gets_its_batches_again(pipeline, paths, instance):
     assert invariant_violations(config, paths) == []
 
 
-def test_a_storage_error_while_writing_metadata_loses_nothing(pipeline, paths, instance):
-    config, _ = pipeline
-    _first_round_in_process(config, paths, instance)
+def test_a_storage_error_while_writing_metadata_loses_nothing(config, paths):
     land_round(config, paths, 1)
     current = current_metadata_location(config, paths, "sales.orders")
     version = int(current.rsplit("/v", 1)[1].split(".")[0])
@@ -227,9 +195,7 @@ def test_a_storage_error_while_writing_metadata_loses_nothing(pipeline, paths, i
     assert invariant_violations(config, paths) == []
 
 
-def test_a_missing_batch_blocks_later_batches_loudly(pipeline, paths, instance):
-    config, _ = pipeline
-    _first_round_in_process(config, paths, instance)
+def test_a_missing_batch_blocks_later_batches_loudly(config, paths, instance):
     for round_number in (1, 2):
         land_round(config, paths, round_number)
         _stage_in_process(config, instance, "customers")

@@ -9,38 +9,20 @@ from pathlib import Path
 import pytest
 
 from lakehouse_assets import faults
-from lakehouse_assets.config import load_config
 from lakehouse_assets.recovery import CHECKPOINT_PROPERTY, committed_state
 from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.table_metadata import load_committed_table
-from lakehouse_assets_tests.conftest import write_config
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
-    CUSTOMERS,
-    ORDERS,
     land_round,
+    remove_staged_parquet,
     run_lakehouse_process,
     run_pipeline_process,
 )
-from lakehouse_assets_tests.fault_injection.test_faults import _first_round_in_process
 
 pytestmark = pytest.mark.spark
 
-# Expire everything but the last two snapshots, compact as soon as two files exist.
-AGGRESSIVE_MAINTENANCE = {
-    "schedule": None,
-    "compaction": {"min_input_files": 2},
-    "expire_snapshots": {"older_than": "0s", "retain_last": 2},
-    "remove_orphan_files": {"older_than": "1s"},
-}
 TABLES = ("sales.orders", "crm.customers")
-
-
-@pytest.fixture
-def pipeline(lakehouse_home, tmp_path, monkeypatch):
-    streams = [{**stream, "maintenance": AGGRESSIVE_MAINTENANCE} for stream in (ORDERS, CUSTOMERS)]
-    write_config(tmp_path, {"streams": streams}, monkeypatch)
-    return load_config()
 
 
 def _ancestry_is_cut(config, paths, identifier):
@@ -56,9 +38,7 @@ def _maintain():
     return completed.stdout
 
 
-def test_expiry_and_compaction_keep_recovery_exactly_once(pipeline, paths, instance, lakehouse_home):
-    config = pipeline
-    _first_round_in_process(config, paths, instance)
+def test_expiry_and_compaction_keep_recovery_exactly_once(config, paths, lakehouse_home):
     land_round(config, paths, 1)
     assert run_pipeline_process().returncode == 0
     before = {
@@ -87,7 +67,7 @@ def test_expiry_and_compaction_keep_recovery_exactly_once(pipeline, paths, insta
     }
     land_round(config, paths, 2)
     assert run_pipeline_process().returncode == 0
-    assert run_pipeline_process().returncode == 0  # removes the staged Parquet of round 2
+    remove_staged_parquet(config, paths)  # as the next committer pass would
     assert invariant_violations(config, paths) == []
 
     # A rollback to a snapshot maintenance kept re-commits round 2, staged again from landing files.
@@ -99,9 +79,7 @@ def test_expiry_and_compaction_keep_recovery_exactly_once(pipeline, paths, insta
     assert invariant_violations(config, paths) == []
 
 
-def test_maintenance_killed_between_checkpoint_and_expiry(pipeline, paths, instance):
-    config = pipeline
-    _first_round_in_process(config, paths, instance)
+def test_maintenance_killed_between_checkpoint_and_expiry(config, paths):
     land_round(config, paths, 1)
     assert run_pipeline_process().returncode == 0
 
@@ -117,9 +95,7 @@ def test_maintenance_killed_between_checkpoint_and_expiry(pipeline, paths, insta
     assert invariant_violations(config, paths) == []
 
 
-def test_an_expiry_without_checkpoint_stops_the_committer_loudly(pipeline, paths, instance):
-    config = pipeline
-    _first_round_in_process(config, paths, instance)
+def test_an_expiry_without_checkpoint_stops_the_committer_loudly(config, paths):
     land_round(config, paths, 1)
     assert run_pipeline_process().returncode == 0
     # Someone expires snapshots with Iceberg's procedure directly: the stream's commits are gone.

@@ -1,0 +1,57 @@
+"""Every fault test starts from the same committed first round, restored from a template.
+
+The first round runs once per test session, in a fixed directory; each test gets a fresh copy of
+it in that same directory (Iceberg metadata holds absolute paths), so a test only pays for the
+processes it kills and restarts.
+"""
+
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from lakehouse_assets.config import load_config
+from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.runner import run_until_idle
+from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
+from lakehouse_assets_tests.fault_injection.pipeline import PIPELINE, land_round
+
+# Short-lived pipeline processes start faster with the JIT's first tier only.
+FAST_START_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def _use_home(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(work / "lakehouse"))
+    monkeypatch.setenv("DAGSTER_HOME", str(work / "dagster"))
+    monkeypatch.setenv("LAKEHOUSE_CONFIG", str(work / "lakehouse.yaml"))
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", FAST_START_JAVA_OPTIONS)
+
+
+@pytest.fixture(scope="session")
+def first_round_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("fault-pipeline")
+    work = base / "work"
+    (work / "dagster").mkdir(parents=True)
+    (work / "lakehouse.yaml").write_text(yaml.safe_dump(PIPELINE))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _use_home(work, monkeypatch)
+        config, paths = load_config(), LakehousePaths.from_env()
+        land_round(config, paths, 0)
+        with dg.DagsterInstance.get() as instance:
+            assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+        assert invariant_violations(config, paths) == []
+    shutil.copytree(work, base / "template")
+    return base
+
+
+@pytest.fixture
+def lakehouse_home(first_round_template: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fault pipeline's home with its first round committed (overrides the root fixture)."""
+    work = first_round_template / "work"
+    shutil.rmtree(work)
+    shutil.copytree(first_round_template / "template", work)
+    _use_home(work, monkeypatch)
+    return work / "lakehouse"
