@@ -88,16 +88,24 @@ def _maintain(args: argparse.Namespace) -> int:
 
 def _print_status(entries: list[dict]) -> None:
     for entry in entries:
-        print(
-            f"{entry['table']}: snapshot {entry['snapshot_id']}, {entry['rows']} rows, "
-            f"{entry['data_files']} data files, {entry['snapshots']} snapshots"
-        )
+        if not entry["exists"]:
+            print(f"{entry['table']}: not created yet")
+        else:
+            print(
+                f"{entry['table']}: snapshot {entry['snapshot_id']}, {entry['table_rows']} rows, "
+                f"{entry['table_data_files']} data files (avg {entry['table_avg_file_bytes']} bytes), "
+                f"{entry['table_delete_files']} delete files, {entry['table_snapshots']} snapshots, "
+                f"metadata {entry['table_metadata_bytes']} bytes"
+            )
         for stream in entry["streams"]:
             print(
                 f"  stream {stream['stream']}: committed through batch {stream['committed_sequence']}; "
                 f"{stream['batches_staged']} staged and {stream['batches_minted']} minted batches waiting; "
-                f"{stream['landing_files_pending']} landing files ({stream['landing_bytes_pending']} bytes) not batched"
+                f"{stream['landing_files_pending']} landing files ({stream['landing_bytes_pending']} bytes) not "
+                f"batched; lag {stream['lag_seconds']:.0f}s (max_lag {stream['max_lag_seconds']:g}s)"
             )
+            if stream["held_back"]:
+                print(f"    {stream['held_back']}")
         for check, status in entry["last_checks"].items():
             print(f"  check {check}: {status}")
 

@@ -72,7 +72,7 @@ class CommitResult:
     data_files_added: int
     delete_files_added: int
     commit_latency_seconds: float
-    lag_seconds: float
+    end_to_end_seconds: float
     max_event_time: str | None
     epoch: int
 
@@ -283,7 +283,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
         data_files_added=int(summary.get("added-data-files", "0")),
         delete_files_added=int(summary.get("added-delete-files", "0")),
         commit_latency_seconds=time.monotonic() - started,
-        lag_seconds=committed_at - min(record.minted.oldest_landed_at for record in batches),
+        end_to_end_seconds=committed_at - min(record.minted.oldest_landed_at for record in batches),
         max_event_time=properties[summary_keys.MAX_EVENT_TIME] or None,
         epoch=ctx.epoch,
     )

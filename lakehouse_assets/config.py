@@ -211,6 +211,11 @@ class StreamSpec(_Strict):
     commit_interval: float = 300.0
     event_time_column: str | None = None
     maintenance: MaintenanceSpec = Field(default_factory=MaintenanceSpec)
+    max_lag: Duration = Field(default=1800.0, gt=0)
+    """The freshness check fails when the oldest uncommitted event is older than this."""
+    max_uncommitted_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
+    """Backpressure: no new batch is cut while minted or staged but uncommitted batches hold this
+    many landing bytes; landing keeps accepting events."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

@@ -8,6 +8,7 @@ from lakehouse_assets.config import LakehouseConfig, load_config
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import staged_batches_asset, table_asset
 from lakehouse_assets.defs.checks import table_checks
+from lakehouse_assets.defs.freshness import freshness_job, freshness_schedules
 from lakehouse_assets.defs.maintenance import maintenance_job, maintenance_schedules
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import landing_sensor, staged_batches_sensor
@@ -15,7 +16,7 @@ from lakehouse_assets.defs.sensors import landing_sensor, staged_batches_sensor
 
 def build_definitions(config: LakehouseConfig) -> dg.Definitions:
     """Per stream a writer asset, job and landing sensor; per table a committer asset, checks, commit
-    job and sensor, and a maintenance job with its schedule."""
+    job and sensor, and maintenance and freshness jobs with their schedules."""
     assets: list[dg.AssetsDefinition] = []
     asset_checks: list[dg.AssetChecksDefinition] = []
     jobs = []
@@ -42,12 +43,13 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
         )
         sensors.append(staged_batches_sensor(table_identifier, streams))
         jobs.append(maintenance_job(table_identifier))
+        jobs.append(freshness_job(table_identifier))
     return dg.Definitions(
         assets=assets,
         asset_checks=asset_checks,
         jobs=jobs,
         sensors=sensors,
-        schedules=maintenance_schedules(config),
+        schedules=maintenance_schedules(config) + freshness_schedules(config),
         resources={"lakehouse": LakehouseResource(), "spark": SparkResource()},
     )
 

@@ -2,7 +2,9 @@
 
 The trigger is the streaming-writes article's dual trigger: cut a batch when the pending bytes
 reach ``flush.max_bytes`` or when the oldest pending event is older than ``flush.max_age``.
-A batch takes pending files in name order up to ``max_bytes`` (at least one file).
+A batch takes pending files in name order up to ``max_bytes`` (at least one file). No batch is cut
+while uncommitted batches hold ``max_uncommitted_bytes`` (backpressure), so a slow committer bounds
+the staged data, never the landing zone.
 """
 
 from __future__ import annotations
@@ -56,6 +58,18 @@ def decide_flush(pending: list[LandingFile], stream: StreamSpec, now: float, dra
     return FlushDecision(chosen, reason)
 
 
+def backpressure(ledger: StreamLedger, stream: StreamSpec, committed_sequence: int) -> str | None:
+    """Why no batch may be cut now, or None: uncommitted batches hold ``max_uncommitted_bytes``."""
+    uncommitted = [r for r in ledger.batches() if r.sequence > committed_sequence and r.committed is None]
+    held = sum(record.minted.bytes for record in uncommitted)
+    if held < stream.max_uncommitted_bytes:
+        return None
+    return (
+        f"backpressure: {held} bytes in {len(uncommitted)} batches are minted or staged but not committed "
+        f"(>= max_uncommitted_bytes {stream.max_uncommitted_bytes}); landing keeps accepting events"
+    )
+
+
 def pending_files(paths: LakehousePaths, stream: StreamSpec, ledger: StreamLedger) -> list[LandingFile]:
     """Landed files that no minted batch holds yet."""
     claimed = ledger.claimed_files()
@@ -78,11 +92,15 @@ def mint_next_batch(
     ledger = StreamLedger(paths.staging(stream.name))
     with exclusive_lock(stream_lock_file(paths.locks, stream.name)):
         now = time.time() if now is None else now
+        table = load_committed_table(config, paths, stream.table_identifier)
+        committed = committed_state(table, stream.name).sequence
+        held_back = backpressure(ledger, stream, committed)
+        if held_back:
+            return None, held_back
         decision = decide_flush(pending_files(paths, stream, ledger), stream, now, drain)
         if not decision.files:
             return None, decision.reason
-        table = load_committed_table(config, paths, stream.table_identifier)
-        sequence = max(ledger.highest_sequence(), committed_state(table, stream.name).sequence) + 1
+        sequence = max(ledger.highest_sequence(), committed) + 1
         batch = MintedBatch(
             stream=stream.name,
             sequence=sequence,

@@ -1,4 +1,5 @@
-"""Per-table figures for ``lakehouse status``: committed sequence, snapshot, rows, pending work, checks."""
+"""Per-table figures for ``lakehouse status``: the table's files and snapshots, each stream's
+committed sequence, backlog and lag, and the last check results."""
 
 from __future__ import annotations
 
@@ -9,17 +10,19 @@ import dagster as dg
 from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.defs import names
-from lakehouse_assets.micro_batching import pending_files
+from lakehouse_assets.lag import stream_lag_seconds
+from lakehouse_assets.micro_batching import backpressure, pending_files
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import committed_state
 from lakehouse_assets.table_metadata import load_committed_table
+from lakehouse_assets.table_stats import table_stats
 
 
 def _last_checks(instance: dg.DagsterInstance | None, table_identifier: str, changes: bool) -> dict[str, str]:
     if instance is None:
         return {}
     results = {}
-    for check_name in names.CHECK_NAMES + (names.CHANGE_CHECK_NAMES if changes else ()):
+    for check_name in names.CHECK_NAMES + (names.FRESHNESS_CHECK,) + (names.CHANGE_CHECK_NAMES if changes else ()):
         key = dg.AssetCheckKey(names.table_key(table_identifier), check_name)
         record = instance.get_latest_asset_check_evaluation_record(key)
         results[check_name] = record.status.value if record else "never run"
@@ -34,7 +37,6 @@ def lakehouse_status(
     for table_identifier, streams in config.tables().items():
         table = load_committed_table(config, paths, table_identifier)
         snapshot = table.current_snapshot() if table else None
-        summary = snapshot.summary.additional_properties if snapshot and snapshot.summary else {}
         stream_entries = []
         for stream in streams:
             ledger = StreamLedger(paths.staging(stream.name))
@@ -49,6 +51,9 @@ def lakehouse_status(
                     "batches_staged": sum(1 for r in open_batches if r.status == "staged"),
                     "landing_files_pending": len(waiting),
                     "landing_bytes_pending": sum(f.size for f in waiting),
+                    "lag_seconds": round(stream_lag_seconds(paths, stream, table), 3),
+                    "max_lag_seconds": stream.max_lag,
+                    "held_back": backpressure(ledger, stream, state.sequence),
                 }
             )
         report.append(
@@ -56,9 +61,7 @@ def lakehouse_status(
                 "table": table_identifier,
                 "exists": table is not None,
                 "snapshot_id": snapshot.snapshot_id if snapshot else None,
-                "rows": int(summary.get("total-records", 0)),
-                "data_files": int(summary.get("total-data-files", 0)),
-                "snapshots": len(table.metadata.snapshots) if table else 0,
+                **table_stats(table),
                 "streams": stream_entries,
                 "last_checks": _last_checks(instance, table_identifier, any(s.applies_changes for s in streams)),
             }

@@ -35,8 +35,18 @@ def test_asset_check_job_and_sensor_names_are_pinned(config):
         "rows_reconcile_with_batches",
         "batch_ranges_contiguous",
         "data_files_unique",
+        "lag_within_bound",
     }
-    assert {job.name for job in repository.get_all_jobs()} >= {"orders_stage_job", "sales_orders_commit_job"}
+    assert {job.name for job in repository.get_all_jobs()} >= {
+        "orders_stage_job",
+        "sales_orders_commit_job",
+        "sales_orders_maintenance_job",
+        "sales_orders_freshness_job",
+    }
+    assert {schedule.name for schedule in repository.schedule_defs} == {
+        "sales_orders_maintenance_schedule",
+        "sales_orders_freshness_schedule",
+    }
     assert {sensor.name for sensor in repository.sensor_defs} == {
         "orders_landing_sensor",
         "sales_orders_staged_batches_sensor",

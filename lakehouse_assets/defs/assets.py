@@ -10,7 +10,10 @@ from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import SequenceGapError
+from lakehouse_assets.lag import stream_lag_seconds
 from lakehouse_assets.staging import stage_batch
+from lakehouse_assets.table_metadata import load_committed_table
+from lakehouse_assets.table_stats import table_stats
 
 
 class StagedBatchConfig(dg.Config):
@@ -67,6 +70,7 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
 
 def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:
     """Numeric metadata Dagster plots per commit, plus the snapshot the checks must read."""
+    latency = result.commit_latency_seconds
     return {
         "snapshot_id": str(result.snapshot_id),
         "metadata_location": result.metadata_location,
@@ -81,8 +85,9 @@ def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:
         "dead_letters": result.dead_letters,
         "data_files_added": result.data_files_added,
         "delete_files_added": result.delete_files_added,
-        "commit_latency_seconds": round(result.commit_latency_seconds, 3),
-        "lag_seconds": round(result.lag_seconds, 3),
+        "commit_latency_seconds": round(latency, 3),
+        "rows_per_second": round(result.rows / latency, 1) if latency > 0 else 0.0,
+        "end_to_end_seconds": round(result.end_to_end_seconds, 3),
         "max_event_time": result.max_event_time or "",
         "committer_epoch": result.epoch,
         "dead_letter_table": dead_letter_identifier(result.table),
@@ -133,8 +138,14 @@ def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDe
         if not outcome.results:
             context.log.info("nothing committed; the table is unchanged")
             return
+        config, paths = lakehouse.config(), lakehouse.paths()
+        table = load_committed_table(config, paths, table_identifier)
+        # Figures of the table after this run's last commit, and of each stream's backlog.
+        after = table_stats(table) | {
+            f"lag_seconds.{stream.name}": round(stream_lag_seconds(paths, stream, table), 3) for stream in streams
+        }
         for result in outcome.results[:-1]:
             context.log_event(dg.AssetMaterialization(context.asset_key, metadata=commit_metadata(result)))
-        yield dg.MaterializeResult(metadata=commit_metadata(outcome.results[-1]))
+        yield dg.MaterializeResult(metadata=commit_metadata(outcome.results[-1]) | after)
 
     return iceberg_table

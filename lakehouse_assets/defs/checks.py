@@ -1,4 +1,5 @@
-"""DuckDB checks on the exact snapshot the last materialization of a table committed."""
+"""DuckDB checks on the exact snapshot the last materialization of a table committed, and the
+freshness check on each stream's backlog."""
 
 from collections.abc import Callable
 
@@ -10,6 +11,8 @@ from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.duck import iceberg_connection
+from lakehouse_assets.lag import stream_lag_seconds
+from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets.tables import identifier_columns
 
 
@@ -80,8 +83,40 @@ def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.As
         ),
     ]
     table_level = [_snapshot_check(asset_key, *entry) for entry in registry]
+    table_level.append(freshness_check(table_identifier, streams))
     change_streams = [stream for stream in streams if stream.applies_changes]
     return table_level + (change_checks(table_identifier, change_streams) if change_streams else [])
+
+
+def freshness_check(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetChecksDefinition:
+    """Fails when a stream's oldest uncommitted event is older than its ``max_lag``."""
+
+    @dg.asset_check(
+        asset=names.table_key(table_identifier),
+        name=names.FRESHNESS_CHECK,
+        description="Every stream's oldest uncommitted event is younger than the stream's max_lag.",
+    )
+    def lag_within_bound(lakehouse: LakehouseResource) -> dg.AssetCheckResult:
+        config, paths = lakehouse.config(), lakehouse.paths()
+        table = load_committed_table(config, paths, table_identifier)
+        current = [config.stream(stream.name) for stream in streams]
+        lags = {stream.name: stream_lag_seconds(paths, stream, table) for stream in current}
+        behind = [
+            f"stream {stream.name}: oldest uncommitted event waited {lags[stream.name]:.0f}s > max_lag "
+            f"{stream.max_lag:g}s"
+            for stream in current
+            if lags[stream.name] > stream.max_lag
+        ]
+        return dg.AssetCheckResult(
+            passed=not behind,
+            description="; ".join(behind) or "every stream is within its max_lag",
+            metadata={
+                **{f"lag_seconds.{name}": round(lag, 3) for name, lag in lags.items()},
+                **{f"max_lag_seconds.{stream.name}": stream.max_lag for stream in current},
+            },
+        )
+
+    return lag_within_bound
 
 
 def _last_published_changes(lakehouse: LakehouseResource, stream: StreamSpec) -> list[checks.CommittedChanges]:

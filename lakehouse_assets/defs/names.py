@@ -16,6 +16,7 @@ SEQUENCE_CHECK = "batch_ranges_contiguous"
 DATA_FILES_CHECK = "data_files_unique"
 KEYS_UNIQUE_CHECK = "identifier_keys_unique"
 CHANGES_APPLIED_CHECK = "changes_applied"
+FRESHNESS_CHECK = "lag_within_bound"
 CHECK_NAMES = (SCHEMA_CHECK, ROW_COUNT_CHECK, SEQUENCE_CHECK, DATA_FILES_CHECK)
 CHANGE_CHECK_NAMES = (KEYS_UNIQUE_CHECK, CHANGES_APPLIED_CHECK)
 
@@ -62,3 +63,11 @@ def maintenance_op_name(table_identifier: str) -> str:
 
 def maintenance_schedule_name(table_identifier: str) -> str:
     return f"{table_identifier.replace('.', '_')}_maintenance_schedule"
+
+
+def freshness_job_name(table_identifier: str) -> str:
+    return f"{table_identifier.replace('.', '_')}_freshness_job"
+
+
+def freshness_schedule_name(table_identifier: str) -> str:
+    return f"{table_identifier.replace('.', '_')}_freshness_schedule"
