@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from pyiceberg.table import Table
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from lakehouse_assets import faults, summary_keys
 from lakehouse_assets.batch_ledger import BatchRecord, CommittedBatch, StreamLedger
+from lakehouse_assets.completeness import count_late_events, next_watermark
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.conversion import accepted_rows
 from lakehouse_assets.dead_letters import dead_letter_identifier, dead_letter_rows, ensure_dead_letter_table
@@ -41,7 +42,7 @@ from lakehouse_assets.errors import CommitOutcomeUnknownError, FencedError, Sequ
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.recovery import committed_state, lakehouse_commits
+from lakehouse_assets.recovery import committed_state, lakehouse_commits, table_history
 from lakehouse_assets.staging import stage_batch
 from lakehouse_assets.table_metadata import (
     current_metadata_location,
@@ -74,6 +75,8 @@ class CommitResult:
     commit_latency_seconds: float
     end_to_end_seconds: float
     max_event_time: str | None
+    watermark: str | None
+    late_events: int
     epoch: int
 
 
@@ -227,6 +230,18 @@ def _write_until_landed(ctx: CommitterPass, stream: StreamSpec, last_sequence: i
     raise AssertionError("unreachable")
 
 
+def _record_completeness(ctx: CommitterPass, stream: StreamSpec, staged: DataFrame, properties: dict) -> int:
+    """Add the stream's new watermark and the batch's late-event count to the commit's summary."""
+    if stream.completeness is None:
+        return 0
+    before = table_history(ctx.table()).watermark(stream.name)
+    batch_max = properties[summary_keys.MAX_EVENT_TIME] or None
+    after = next_watermark(before, batch_max, stream.completeness.allowed_lateness)
+    late = count_late_events(staged, stream.resolved_event_time_column(), before)
+    properties.update({summary_keys.WATERMARK: after or "", summary_keys.LATE_EVENTS: str(late)})
+    return late
+
+
 def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> CommitResult:
     """Publish ``batches`` in one commit (an append, or one MERGE for a change stream)."""
     identifier = stream.table_identifier
@@ -256,6 +271,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
         counts = ChangeCounts(inserted=rows, updated=0, deleted=0)
         properties = _summary_properties(stream, batches, rows, rows, ctx.epoch, ctx.run_id)
         write = partial(append_rows, staged.select(*columns), identifier, properties)
+    late_events = _record_completeness(ctx, stream, staged, properties)
     confirmed = _write_until_landed(ctx, stream, batches[-1].sequence, write)
     crash_point(faults.COMMITTER_AFTER_COMMIT)
     snapshot = confirmed.current_snapshot()
@@ -285,6 +301,8 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
         commit_latency_seconds=time.monotonic() - started,
         end_to_end_seconds=committed_at - min(record.minted.oldest_landed_at for record in batches),
         max_event_time=properties[summary_keys.MAX_EVENT_TIME] or None,
+        watermark=properties.get(summary_keys.WATERMARK) or None,
+        late_events=late_events,
         epoch=ctx.epoch,
     )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import date
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -176,6 +177,15 @@ class MaintenanceSpec(_Strict):
     snapshot could be rolled back to before it."""
 
 
+class CompletenessSpec(_Strict):
+    """Event-time completeness: the watermark is the largest committed event time minus
+    ``allowed_lateness``; a day is complete once the watermark passes its end (UTC)."""
+
+    allowed_lateness: Duration = 0.0
+    start_date: date
+    """The first day the completeness signal has a partition for."""
+
+
 class LandingSourceSpec(_Strict):
     """Append-only NDJSON files in a directory; defaults to ``$LAKEHOUSE_HOME/landing/<stream>``."""
 
@@ -211,6 +221,7 @@ class StreamSpec(_Strict):
     commit_interval: float = 300.0
     event_time_column: str | None = None
     maintenance: MaintenanceSpec = Field(default_factory=MaintenanceSpec)
+    completeness: CompletenessSpec | None = None
     max_lag: Duration = Field(default=1800.0, gt=0)
     """The freshness check fails when the oldest uncommitted event is older than this."""
     max_uncommitted_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
@@ -278,6 +289,12 @@ class StreamSpec(_Strict):
                 "timestamptz",
             ):
                 raise ValueError(f"event_time_column: {self.event_time_column!r} is not a declared timestamp column")
+        return self
+
+    @model_validator(mode="after")
+    def _completeness_needs_event_time(self) -> StreamSpec:
+        if self.completeness is not None and self.resolved_event_time_column() is None:
+            raise ValueError("completeness: needs a timestamp column (event_time_column, or one in schema.columns)")
         return self
 
     @model_validator(mode="after")

@@ -6,7 +6,7 @@ import dagster as dg
 
 from lakehouse_assets.config import LakehouseConfig, load_config
 from lakehouse_assets.defs import names
-from lakehouse_assets.defs.assets import staged_batches_asset, table_asset
+from lakehouse_assets.defs.assets import complete_days_asset, staged_batches_asset, table_asset
 from lakehouse_assets.defs.checks import table_checks
 from lakehouse_assets.defs.freshness import freshness_job, freshness_schedules
 from lakehouse_assets.defs.maintenance import maintenance_job, maintenance_schedules
@@ -17,7 +17,7 @@ from lakehouse_assets.defs.sensors import landing_sensor, staged_batches_sensor
 def build_definitions(config: LakehouseConfig) -> dg.Definitions:
     """Per stream a writer asset, job and landing sensor; per table a committer asset, checks, commit
     job and sensor, and maintenance and freshness jobs with their schedules."""
-    assets: list[dg.AssetsDefinition] = []
+    assets: list[dg.AssetsDefinition | dg.AssetSpec] = []
     asset_checks: list[dg.AssetChecksDefinition] = []
     jobs = []
     sensors: list[dg.SensorDefinition] = []
@@ -33,6 +33,8 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
         sensors.append(landing_sensor(stream))
     for table_identifier, streams in config.tables().items():
         assets.append(table_asset(table_identifier, streams))
+        if any(stream.completeness for stream in streams):
+            assets.append(complete_days_asset(table_identifier, streams))
         asset_checks.extend(table_checks(table_identifier, streams))
         jobs.append(
             dg.define_asset_job(

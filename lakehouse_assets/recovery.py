@@ -38,6 +38,7 @@ class LakehouseCommit:
     epoch: int
     run: str
     timestamp_ms: int
+    watermark: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,15 +58,18 @@ class Checkpoint:
     sequences: dict[str, int] = field(default_factory=dict)
     net_rows: int = 0
     epoch: int = 0
+    watermarks: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        fields = {"snapshot-id": self.snapshot_id, "sequences": self.sequences}
+        fields = {"snapshot-id": self.snapshot_id, "sequences": self.sequences, "watermarks": self.watermarks}
         return json.dumps({**fields, "net-rows": self.net_rows, "epoch": self.epoch}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Checkpoint:
         value = json.loads(text)
-        return cls(value["snapshot-id"], value["sequences"], value["net-rows"], value["epoch"])
+        return cls(
+            value["snapshot-id"], value["sequences"], value["net-rows"], value["epoch"], value.get("watermarks", {})
+        )
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,10 @@ class CommitHistory:
         """The stream's highest committed sequence, 0 if none."""
         return self.checkpoint_at(None).sequences.get(stream, 0)
 
+    def watermark(self, stream: str) -> str | None:
+        """The stream's event-time watermark (ISO 8601, UTC) after its last commit, if it has one."""
+        return self.checkpoint_at(None).watermarks.get(stream)
+
     @property
     def epoch(self) -> int:
         """The newest committer epoch in the history."""
@@ -101,6 +109,7 @@ class CommitHistory:
     def checkpoint_at(self, snapshot_id: int | None) -> Checkpoint:
         """The checkpoint for ``snapshot_id`` (an ancestor; None for the newest): base plus commits up to it."""
         sequences = dict(self.base.sequences) if self.base else {}
+        watermarks = dict(self.base.watermarks) if self.base else {}
         net_rows, epoch = (self.base.net_rows, self.base.epoch) if self.base else (0, 0)
         last_id = self.base.snapshot_id if self.base else 0
         for snapshot in self.snapshots:
@@ -109,10 +118,12 @@ class CommitHistory:
                 sequences[commit.stream] = max(sequences.get(commit.stream, 0), commit.last_sequence)
                 net_rows += commit.net_rows
                 epoch = max(epoch, commit.epoch)
+                if commit.watermark:
+                    watermarks[commit.stream] = max(watermarks.get(commit.stream, ""), commit.watermark)
             last_id = snapshot.snapshot_id
             if snapshot.snapshot_id == snapshot_id:
                 break
-        return Checkpoint(last_id, sequences, net_rows, epoch)
+        return Checkpoint(last_id, sequences, net_rows, epoch, watermarks)
 
 
 def _as_commit(snapshot: Snapshot) -> LakehouseCommit | None:
@@ -131,6 +142,7 @@ def _as_commit(snapshot: Snapshot) -> LakehouseCommit | None:
         epoch=int(summary.get(summary_keys.COMMITTER_EPOCH, "0")),
         run=summary.get(summary_keys.COMMITTER_RUN, ""),
         timestamp_ms=snapshot.timestamp_ms,
+        watermark=summary.get(summary_keys.WATERMARK) or None,
     )
 
 

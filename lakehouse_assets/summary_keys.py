@@ -13,6 +13,8 @@ SOURCE_OFFSETS = "lakehouse.source-offsets"
 MAX_EVENT_TIME = "lakehouse.max-event-time"
 COMMITTER_EPOCH = "lakehouse.committer-epoch"
 COMMITTER_RUN = "lakehouse.committer-run"
+WATERMARK = "lakehouse.watermark"
+LATE_EVENTS = "lakehouse.late-events"
 
 
 def format_batch_range(first: int, last: int) -> str:

@@ -58,6 +58,17 @@ def test_packaged_demo_config_is_used_without_a_file(monkeypatch, tmp_path):
             },
             "unsupported transform 'week'",
         ),
+        (
+            {"maintenance": {"expire_snapshots": {"older_than": "2 days"}}},
+            "stream 'orders': maintenance.expire_snapshots.older_than: invalid duration '2 days'",
+        ),
+        ({"maintenance": {"expire_snapshots": {"retain_last": 0}}}, "retain_last: Input should be greater than"),
+        ({"maintenance": {"compact": {}}}, "stream 'orders': maintenance.compact: unknown key"),
+        (
+            {"schema": {"columns": [{"name": "a", "type": "long"}]}, "completeness": {"start_date": "2026-01-01"}},
+            "completeness: needs a timestamp column",
+        ),
+        ({"completeness": {"start_date": "January"}}, "stream 'orders': completeness.start_date: Input should be"),
     ],
 )
 def test_invalid_keys_are_named_with_their_stream(change, message):
@@ -72,6 +83,17 @@ def test_duplicate_streams_and_unknown_stream_are_errors():
     config = parse_config({"streams": [ORDERS_STREAM]})
     with pytest.raises(ConfigError, match="unknown stream 'clicks'; configured streams: orders"):
         config.stream("clicks")
+
+
+def test_streams_of_one_table_must_agree_on_its_maintenance():
+    clicks = {**ORDERS_STREAM, "name": "clicks", "maintenance": {"expire_snapshots": {"retain_last": 3}}}
+    with pytest.raises(ConfigError, match="streams orders, clicks write sales.orders with different maintenance"):
+        parse_config({"streams": [ORDERS_STREAM, clicks]})
+    clicks["maintenance"] = {"landing_retention": "1d"}
+    assert (
+        parse_config({"streams": [ORDERS_STREAM, clicks]}).maintenance("sales.orders").expire_snapshots.retain_last
+        == 10
+    )
 
 
 def test_missing_config_file_named_by_env_is_an_error(monkeypatch, tmp_path):

@@ -1,16 +1,20 @@
 """The staged-batches asset of each stream (the writer) and the Iceberg table asset (the committer)."""
 
 from collections.abc import Iterator
+from datetime import date, timedelta
 
 import dagster as dg
+from pyiceberg.table import Table
 
 from lakehouse_assets.committer import CommitResult, commit_table
+from lakehouse_assets.completeness import complete_days, table_watermark
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import SequenceGapError
 from lakehouse_assets.lag import stream_lag_seconds
+from lakehouse_assets.recovery import table_history
 from lakehouse_assets.staging import stage_batch
 from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets.table_stats import table_stats
@@ -89,9 +93,45 @@ def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:
         "rows_per_second": round(result.rows / latency, 1) if latency > 0 else 0.0,
         "end_to_end_seconds": round(result.end_to_end_seconds, 3),
         "max_event_time": result.max_event_time or "",
+        "watermark": result.watermark or "",
+        "late_events": result.late_events,
         "committer_epoch": result.epoch,
         "dead_letter_table": dead_letter_identifier(result.table),
     }
+
+
+def complete_days_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetSpec:
+    """The daily-partitioned signal "day D of the table is complete", reported by the committer."""
+    start = min(stream.completeness.start_date for stream in streams if stream.completeness)
+    return dg.AssetSpec(
+        key=names.complete_days_key(table_identifier),
+        deps=[names.table_key(table_identifier)],
+        partitions_def=dg.DailyPartitionsDefinition(start_date=start.isoformat(), timezone="UTC"),
+        group_name=names.GROUP_NAME,
+        kinds={"iceberg"},
+        description=(
+            f"Day D is materialized once the event-time watermark of {table_identifier} passes the end of D. "
+            "Daily-partitioned assets that depend on it can wait for complete days."
+        ),
+    )
+
+
+def _signal_complete_days(
+    context: dg.AssetExecutionContext, table_identifier: str, streams: list[StreamSpec], table: Table | None
+) -> None:
+    """Report every complete day not reported yet (a crash before reporting is caught up next run)."""
+    tracked = [stream for stream in streams if stream.completeness]
+    if not tracked:
+        return
+    key = names.complete_days_key(table_identifier)
+    watermark = table_watermark(table_history(table), tracked)
+    reported = context.instance.get_materialized_partitions(key)
+    first = min(stream.completeness.start_date for stream in tracked)
+    if reported:
+        first = max(first, date.fromisoformat(max(reported)) + timedelta(days=1))
+    for day in complete_days(first, watermark):
+        metadata = {"watermark": watermark}
+        context.log_event(dg.AssetMaterialization(key, partition=day.isoformat(), metadata=metadata))
 
 
 def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDefinition:
@@ -135,11 +175,12 @@ def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDe
                 context.log.info(f"stream {plan.stream}: {plan.waiting_on}")
         if outcome.fenced:
             context.log.warning(outcome.fenced)
+        config, paths = lakehouse.config(), lakehouse.paths()
+        table = load_committed_table(config, paths, table_identifier)
+        _signal_complete_days(context, table_identifier, [config.stream(s.name) for s in streams], table)
         if not outcome.results:
             context.log.info("nothing committed; the table is unchanged")
             return
-        config, paths = lakehouse.config(), lakehouse.paths()
-        table = load_committed_table(config, paths, table_identifier)
         # Figures of the table after this run's last commit, and of each stream's backlog.
         after = table_stats(table) | {
             f"lag_seconds.{stream.name}": round(stream_lag_seconds(paths, stream, table), 3) for stream in streams

@@ -25,6 +25,10 @@ def table_key(table_identifier: str) -> dg.AssetKey:
     return dg.AssetKey(table_identifier.split("."))
 
 
+def complete_days_key(table_identifier: str) -> dg.AssetKey:
+    return dg.AssetKey([*table_identifier.split("."), "complete_days"])
+
+
 def staged_batches_key(stream: str) -> dg.AssetKey:
     return dg.AssetKey([STAGING_PREFIX, stream])
 
