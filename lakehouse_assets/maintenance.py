@@ -61,12 +61,16 @@ def compact(spark: SparkSession, table: Table, identifier: str, spec: Compaction
         "min-input-files": spec.min_input_files,
         "delete-file-threshold": spec.delete_file_threshold,
         "target-file-size-bytes": spec.target_file_size_bytes,
+        # Delete files whose data files were all rewritten would stay referenced without this.
+        "remove-dangling-deletes": "true",
     }
     option_map = ", ".join(f"'{key}', '{value}'" for key, value in options.items())
     counts = _call(spark, "rewrite_data_files", f"table => '{identifier}', options => map({option_map})")
     # Position-delete files exist only in format v2; v3 deletion vectors are rewritten with the data.
     if table.metadata.format_version == 2 and _has_delete_files(table):
-        deletes = _call(spark, "rewrite_position_delete_files", f"table => '{identifier}'")
+        # Rewriting position deletes also drops those whose data files compaction just replaced.
+        arguments = f"table => '{identifier}', options => map('min-input-files', '{spec.min_input_files}')"
+        deletes = _call(spark, "rewrite_position_delete_files", arguments)
         counts.update({f"position_deletes_{key}": value for key, value in deletes.items()})
     return counts
 
