@@ -201,6 +201,10 @@ class StreamLedger:
         (directory / STAGED_FILE).unlink(missing_ok=True)
         self.remove_attempts(sequence)
 
+    def remove_batch(self, sequence: int) -> None:
+        """Forget a batch entirely; only for batches no failure or rollback can need again."""
+        shutil.rmtree(self._directory(sequence), ignore_errors=True)
+
     def remove_attempts(self, sequence: int, keep: str | None = None) -> None:
         """Delete attempt directories of a batch, except ``keep``."""
         directory = self._directory(sequence)

@@ -4,7 +4,8 @@ A landing file is needed as long as its batch might be staged again: until the b
 and after that for as long as the table could be rolled back to a snapshot before its commit. The
 maintenance checkpoint marks the oldest snapshot that can still be rolled back to, so a file goes
 only when every batch holding it is at or below the checkpoint's sequence for its stream and was
-committed longer ago than the stream's ``maintenance.landing_retention``.
+committed longer ago than the stream's ``maintenance.landing_retention``. The batch's ledger entry
+goes with its files, so the ledger stays as small as the landing zone.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ def remove_committed_landing_files(
     beyond_rollback = table_history(table).base_sequence(stream.name)
     cutoff = now - stream.maintenance.landing_retention
     directory = landing_dir(paths, stream)
-    removed, kept_for_retention = 0, 0
-    for record in StreamLedger(paths.staging(stream.name)).batches():
+    ledger = StreamLedger(paths.staging(stream.name))
+    removed, forgotten, kept_for_retention = 0, 0, 0
+    for record in ledger.batches():
         if record.sequence > beyond_rollback or record.committed is None:
             break
         if record.committed.committed_at > cutoff:
@@ -38,4 +40,11 @@ def remove_committed_landing_files(
             if (directory / name).exists():
                 (directory / name).unlink()
                 removed += 1
-    return {"landing_files_removed": removed, "batches_within_retention": kept_for_retention}
+        # With its files gone the ledger entry can never be used again; the table holds the sequence.
+        ledger.remove_batch(record.sequence)
+        forgotten += 1
+    return {
+        "landing_files_removed": removed,
+        "ledger_entries_removed": forgotten,
+        "batches_within_retention": kept_for_retention,
+    }

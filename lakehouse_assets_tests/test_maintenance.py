@@ -74,7 +74,7 @@ def test_maintenance_compacts_expires_and_cleans_without_changing_rows(maintaine
     assert not aborted.exists() and recent.exists()
     assert _rows(config, paths) == rows
     assert list_landing_files(landing_dir(paths, stream)) == []
-    assert all(record.committed for record in StreamLedger(paths.staging("orders")).batches())
+    assert StreamLedger(paths.staging("orders")).batches() == []
 
     # Events landed after maintenance flow as before, on top of the checkpoint.
     land_events(paths, stream, [order_event(1000)])
