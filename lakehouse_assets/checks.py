@@ -220,3 +220,28 @@ def check_changes_applied(
         or f"{len(batches)} batches: {deletes} deleted keys absent, {upserts} upserted keys hold their values",
         {"batches": [batch.sequence for batch in batches], "deleted_keys": deletes, "upserted_keys": upserts},
     )
+
+
+def check_no_new_dead_letters(
+    connection: duckdb.DuckDBPyConnection,
+    dead_letters: CommittedSnapshot | None,
+    stream: str,
+    first_sequence: int,
+    last_sequence: int,
+) -> CheckOutcome:
+    """No event of the committed batches went to the dead-letter table; otherwise how many, and why."""
+    if dead_letters is None:
+        return CheckOutcome(True, f"stream {stream}: no dead letters so far")
+    rows = connection.sql(
+        f"SELECT reason, count(*) AS n FROM {scan(dead_letters.metadata_location, dead_letters.snapshot_id)} "
+        f"WHERE stream = '{stream}' AND batch_sequence BETWEEN {first_sequence} AND {last_sequence} "
+        "GROUP BY reason ORDER BY n DESC, reason"
+    ).fetchall()
+    total = sum(count for _, count in rows)
+    return CheckOutcome(
+        total == 0,
+        f"stream {stream}: {total} events of batches {first_sequence}-{last_sequence} went to the dead letters"
+        if total
+        else f"stream {stream}: no event of batches {first_sequence}-{last_sequence} went to the dead letters",
+        {"dead_letters": total, "reasons": {reason: count for reason, count in rows[:10]}},
+    )

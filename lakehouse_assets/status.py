@@ -18,14 +18,23 @@ from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets.table_stats import table_stats
 
 
+def _check_status(record: Any) -> str:
+    """SUCCEEDED, FAILED, or WARNED for a failed check of severity WARN (for example new dead letters)."""
+    evaluation = record.event.dagster_event.event_specific_data if record.event else None
+    if evaluation is not None and not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.WARN:
+        return "WARNED"
+    return record.status.value
+
+
 def _last_checks(instance: dg.DagsterInstance | None, table_identifier: str, changes: bool) -> dict[str, str]:
     if instance is None:
         return {}
     results = {}
-    for check_name in names.CHECK_NAMES + (names.FRESHNESS_CHECK,) + (names.CHANGE_CHECK_NAMES if changes else ()):
+    table_checks = (*names.CHECK_NAMES, names.FRESHNESS_CHECK, names.DEAD_LETTERS_CHECK)
+    for check_name in table_checks + (names.CHANGE_CHECK_NAMES if changes else ()):
         key = dg.AssetCheckKey(names.table_key(table_identifier), check_name)
         record = instance.get_latest_asset_check_evaluation_record(key)
-        results[check_name] = record.status.value if record else "never run"
+        results[check_name] = _check_status(record) if record else "never run"
     return results
 
 

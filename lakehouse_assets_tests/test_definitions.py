@@ -36,6 +36,7 @@ def test_asset_check_job_and_sensor_names_are_pinned(config):
         "batch_ranges_contiguous",
         "data_files_unique",
         "lag_within_bound",
+        "no_new_dead_letters",
     }
     assert {job.name for job in repository.get_all_jobs()} >= {
         "orders_stage_job",

@@ -57,6 +57,11 @@ def test_events_flow_end_to_end_and_every_event_is_accounted_for(config, paths, 
     for check_name in names.CHECK_NAMES:
         record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(table_key, check_name))
         assert record.status.value == "SUCCEEDED", check_name
+    warning = instance.get_latest_asset_check_evaluation_record(
+        dg.AssetCheckKey(table_key, names.DEAD_LETTERS_CHECK)
+    ).event.dagster_event.event_specific_data
+    assert (warning.passed, warning.severity) == (False, dg.AssetCheckSeverity.WARN)
+    assert warning.metadata["reasons"].value == {"missing required field 'order_id'": 1}
 
 
 def test_each_commit_carries_the_summary_keys_and_ranges_stay_contiguous(config, paths, instance):

@@ -6,7 +6,7 @@ from datetime import date, timedelta
 import dagster as dg
 from pyiceberg.table import Table
 
-from lakehouse_assets.committer import CommitResult, commit_table
+from lakehouse_assets.committer import CommitPass, CommitResult, commit_table
 from lakehouse_assets.completeness import complete_days, table_watermark
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.dead_letters import dead_letter_identifier
@@ -100,6 +100,15 @@ def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:
     }
 
 
+def _run_ranges(outcome: CommitPass) -> dict[str, dg.JsonMetadataValue]:
+    """Per stream, the first and last batch this run committed (what the run-level checks read)."""
+    ranges: dict[str, list[int]] = {}
+    for result in outcome.results:
+        first, last = ranges.get(result.stream, [result.first_sequence, result.last_sequence])
+        ranges[result.stream] = [min(first, result.first_sequence), max(last, result.last_sequence)]
+    return {names.RUN_RANGES_METADATA: dg.JsonMetadataValue(ranges)}
+
+
 def complete_days_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetSpec:
     """The daily-partitioned signal "day D of the table is complete", reported by the committer."""
     start = min(stream.completeness.start_date for stream in streams if stream.completeness)
@@ -187,6 +196,6 @@ def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDe
         }
         for result in outcome.results[:-1]:
             context.log_event(dg.AssetMaterialization(context.asset_key, metadata=commit_metadata(result)))
-        yield dg.MaterializeResult(metadata=commit_metadata(outcome.results[-1]) | after)
+        yield dg.MaterializeResult(metadata=commit_metadata(outcome.results[-1]) | after | _run_ranges(outcome))
 
     return iceberg_table

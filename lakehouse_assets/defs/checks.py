@@ -8,11 +8,12 @@ import dagster as dg
 from lakehouse_assets import checks
 from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.duck import iceberg_connection
 from lakehouse_assets.lag import stream_lag_seconds
-from lakehouse_assets.table_metadata import load_committed_table
+from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets.tables import identifier_columns
 
 
@@ -83,7 +84,7 @@ def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.As
         ),
     ]
     table_level = [_snapshot_check(asset_key, *entry) for entry in registry]
-    table_level.append(freshness_check(table_identifier, streams))
+    table_level.extend([freshness_check(table_identifier, streams), dead_letters_check(table_identifier)])
     change_streams = [stream for stream in streams if stream.applies_changes]
     return table_level + (change_checks(table_identifier, change_streams) if change_streams else [])
 
@@ -117,6 +118,51 @@ def freshness_check(table_identifier: str, streams: list[StreamSpec]) -> dg.Asse
         )
 
     return lag_within_bound
+
+
+def dead_letters_check(table_identifier: str) -> dg.AssetChecksDefinition:
+    """Warns (without blocking) when the batches the last committer run published sent events to the
+    dead-letter table, with the reasons."""
+    asset_key = names.table_key(table_identifier)
+
+    @dg.asset_check(
+        asset=asset_key,
+        name=names.DEAD_LETTERS_CHECK,
+        description="Warns when the committed batches sent events to the dead-letter table, with the reasons.",
+    )
+    def no_new_dead_letters(
+        context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource
+    ) -> dg.AssetCheckResult:
+        event = context.instance.get_latest_materialization_event(asset_key)
+        if event is None or event.asset_materialization is None:
+            raise dg.Failure(f"{table_identifier} has no commit to check yet")
+        ranges = event.asset_materialization.metadata[names.RUN_RANGES_METADATA].value
+        config, paths = lakehouse.config(), lakehouse.paths()
+        identifier = dead_letter_identifier(table_identifier)
+        table = load_committed_table(config, paths, identifier)
+        location = current_metadata_location(config, paths, identifier)
+        snapshot = checks.CommittedSnapshot(location, table.current_snapshot().snapshot_id) if table else None
+        connection = iceberg_connection()
+        outcomes = [
+            checks.check_no_new_dead_letters(connection, snapshot, stream, first, last)
+            for stream, (first, last) in sorted(ranges.items())
+        ]
+        reasons: dict[str, int] = {}
+        for outcome in outcomes:
+            for reason, count in outcome.metadata.get("reasons", {}).items():
+                reasons[reason] = reasons.get(reason, 0) + count
+        return dg.AssetCheckResult(
+            passed=all(outcome.passed for outcome in outcomes),
+            severity=dg.AssetCheckSeverity.WARN,
+            description="; ".join(outcome.description for outcome in outcomes),
+            metadata={
+                "dead_letters": sum(outcome.metadata.get("dead_letters", 0) for outcome in outcomes),
+                "reasons": dg.JsonMetadataValue(reasons),
+                "dead_letter_table": identifier,
+            },
+        )
+
+    return no_new_dead_letters
 
 
 def _last_published_changes(lakehouse: LakehouseResource, stream: StreamSpec) -> list[checks.CommittedChanges]:
