@@ -18,20 +18,8 @@ from lakehouse_assets.change_events import DELETE
 from lakehouse_assets.config import ColumnSpec
 from lakehouse_assets.conversion import OPERATION_COLUMN, REASON_COLUMN
 from lakehouse_assets.duck import manifest_entries, scan
+from lakehouse_assets.iceberg_types import duckdb_type
 from lakehouse_assets.recovery import CommitHistory, commit_history
-
-DUCKDB_TYPE_BY_ICEBERG_TYPE = {
-    "boolean": "BOOLEAN",
-    "int": "INTEGER",
-    "long": "BIGINT",
-    "float": "FLOAT",
-    "double": "DOUBLE",
-    "date": "DATE",
-    "timestamp": "TIMESTAMP",
-    "timestamptz": "TIMESTAMP WITH TIME ZONE",
-    "string": "VARCHAR",
-    "binary": "BLOB",
-}
 
 
 @dataclass(frozen=True)
@@ -54,8 +42,8 @@ class CommittedSnapshot:
         return StaticTable.from_metadata(self.metadata_location)
 
 
-def _duckdb_type(iceberg_type: str) -> str:
-    return DUCKDB_TYPE_BY_ICEBERG_TYPE.get(iceberg_type, iceberg_type.upper().replace(" ", ""))
+def _comparable(duckdb_type_name: str) -> str:
+    return duckdb_type_name.replace(" ", "").replace('"', "")
 
 
 def snapshot_columns(snapshot: CommittedSnapshot) -> list:
@@ -75,8 +63,8 @@ def check_schema(
     if not declared:
         return CheckOutcome(True, "no schema declared; the table's own schema is used")
     described = connection.sql(f"DESCRIBE SELECT * FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}")
-    actual = [(name, kind.replace(" ", "")) for name, kind, *_ in described.fetchall()]
-    expected = [(column.name, _duckdb_type(column.type).replace(" ", "")) for column in declared]
+    actual = [(name, _comparable(kind)) for name, kind, *_ in described.fetchall()]
+    expected = [(column.name, _comparable(duckdb_type(column.iceberg_type))) for column in declared]
     iceberg_schema = snapshot.table().schema()
     required_actual = sorted(f.name for f in iceberg_schema.fields if f.required)
     required_expected = sorted(column.name for column in declared if column.required)

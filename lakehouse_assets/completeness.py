@@ -8,7 +8,7 @@ A table's watermark is the lowest of its streams'.
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import date, datetime, time, timedelta, timezone
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -25,7 +25,7 @@ MAX_DAYS_PER_COMMIT = 366
 def _parse(value: str) -> datetime:
     """An ISO 8601 instant, UTC when it carries no offset."""
     parsed = datetime.fromisoformat(value)
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    return parsed.replace(tzinfo=timezone.utc) if parsed.tzinfo is None else parsed.astimezone(timezone.utc)
 
 
 def _format(value: datetime) -> str:
@@ -41,7 +41,7 @@ def next_watermark(previous: str | None, max_event_time: str | None, allowed_lat
 
 def first_incomplete_midnight(watermark: str | None) -> datetime | None:
     """Midnight starting the first day the watermark has not completed; earlier events are late."""
-    return datetime.combine(_parse(watermark).date(), time(), UTC) if watermark else None
+    return datetime.combine(_parse(watermark).date(), time(), timezone.utc) if watermark else None
 
 
 def count_late_events(staged: DataFrame, column: str, watermark_before: str | None) -> int:

@@ -25,24 +25,12 @@ from pydantic import (
 )
 
 from lakehouse_assets.errors import ConfigError
+from lakehouse_assets.iceberg_types import IcebergType, parse_type, type_name
 
 CONFIG_ENV = "LAKEHOUSE_CONFIG"
 DEFAULT_CONFIG_FILE = "lakehouse.yaml"
 DEMO_CONFIG_RESOURCE = "demo_lakehouse.yaml"
 
-PRIMITIVE_TYPES = (
-    "boolean",
-    "int",
-    "long",
-    "float",
-    "double",
-    "date",
-    "timestamp",
-    "timestamptz",
-    "string",
-    "binary",
-)
-DECIMAL_TYPE = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 PARTITION_TRANSFORM = re.compile(r"^(identity|year|month|day|hour|bucket\[\d+\]|truncate\[\d+\])$")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 DURATION_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -76,10 +64,11 @@ class ColumnSpec(_Strict):
     @field_validator("type")
     @classmethod
     def _known_type(cls, value: str) -> str:
-        type_name = value.strip().lower()
-        if type_name in PRIMITIVE_TYPES or DECIMAL_TYPE.match(type_name):
-            return type_name
-        raise ValueError(f"unsupported type {value!r}; supported: {', '.join(PRIMITIVE_TYPES)}, decimal(P,S)")
+        return type_name(parse_type(value))
+
+    @property
+    def iceberg_type(self) -> IcebergType:
+        return parse_type(self.type)
 
 
 class PartitionFieldSpec(_Strict):
@@ -281,8 +270,6 @@ class StreamSpec(_Strict):
     @model_validator(mode="after")
     def _event_time_column_declared(self) -> StreamSpec:
         columns = {column.name: column for column in self.table_schema.columns}
-        if self.auto_create and not columns:
-            raise ValueError("schema.columns: auto_create needs declared columns (inference is not supported yet)")
         if self.event_time_column is not None and columns:
             if columns.get(self.event_time_column) is None or columns[self.event_time_column].type not in (
                 "timestamp",

@@ -13,6 +13,10 @@ string                    any value; objects and arrays keep their JSON text
 timestamp, timestamptz    ISO 8601 strings or epoch milliseconds
 date                      ISO 8601 dates or epoch days
 binary                    Base64 strings
+struct                    objects; each field converted recursively, missing or
+                          uncoercible fields NULL
+list                      arrays; each element converted recursively
+map                       objects; keys and values converted recursively
 ========================  ==============================================================
 
 An event is rejected, with the reason, when it is not a JSON object, when its operation is not
@@ -45,7 +49,23 @@ _RAW = "_lakehouse_raw"
 INTEGER_TEXT = r"^\s*-?\d+\s*$"
 
 
+_TEXT_FIELDS = T.MapType(T.StringType(), T.StringType())
+_TEXT_ELEMENTS = T.ArrayType(T.StringType())
+
+
 def _coerce(raw: Column, data_type: T.DataType) -> Column:
+    """``raw`` (a JSON value's text) as ``data_type``, or NULL when it cannot be coerced."""
+    if isinstance(data_type, T.StructType):
+        # Each field from the object's member of the same name, coerced recursively.
+        members = F.from_json(raw, _TEXT_FIELDS)
+        fields = [_coerce(members.getItem(field.name), field.dataType).alias(field.name) for field in data_type]
+        return F.when(members.isNotNull(), F.struct(*fields))
+    if isinstance(data_type, T.ArrayType):
+        return F.transform(F.from_json(raw, _TEXT_ELEMENTS), lambda element: _coerce(element, data_type.elementType))
+    if isinstance(data_type, T.MapType):
+        members = F.from_json(raw, _TEXT_FIELDS)
+        coerced = F.transform_values(members, lambda _, value: _coerce(value, data_type.valueType))
+        return F.transform_keys(coerced, lambda key, _: _coerce(key, data_type.keyType))
     trimmed = F.trim(raw)
     if isinstance(data_type, (T.IntegerType, T.LongType, T.ShortType, T.ByteType)):
         return F.when(raw.rlike(INTEGER_TEXT), trimmed.cast(data_type)).otherwise(

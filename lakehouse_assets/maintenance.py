@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from pyiceberg.table import Table
@@ -46,7 +46,8 @@ def _call(spark: SparkSession, procedure: str, arguments: str) -> dict[str, Any]
 
 def _timestamp_literal(epoch_ms: int) -> str:
     # The session time zone is UTC (spark.py), so the literal means the same instant everywhere.
-    return "TIMESTAMP '" + datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "'"
+    instant = datetime.fromtimestamp(epoch_ms / 1000, timezone.utc)
+    return "TIMESTAMP '" + instant.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "'"
 
 
 def _has_delete_files(table: Table) -> bool:

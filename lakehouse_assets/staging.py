@@ -18,6 +18,7 @@ from lakehouse_assets.batch_ledger import EVENTS_DIR, StagedBatch, StreamLedger
 from lakehouse_assets.change_events import DELETE
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.conversion import (
+    EVENT_COLUMN,
     OPERATION_COLUMN,
     REASON_COLUMN,
     convert_events,
@@ -26,6 +27,7 @@ from lakehouse_assets.conversion import (
 )
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.faults import crash_point
+from lakehouse_assets.inference import SAMPLE_EVENTS
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.tables import ensure_table, identifier_columns, qualified_name
@@ -79,12 +81,14 @@ def stage_batch(
             f"stream {stream.name!r}: batch {sequence} lost {len(missing)} landing files, "
             f"e.g. {directory / missing[0]}; landing files must never be removed before commit"
         )
-    ensure_table(spark, config, paths, stream)
+    lines = read_landing_lines(spark, [str(directory / name) for name in minted.files])
+    # Read only when the table must be created without declared columns (schema inference).
+    sample = lines.select(EVENT_COLUMN).limit(SAMPLE_EVENTS)
+    ensure_table(spark, config, paths, stream, sample_lines=lambda: [row[0] for row in sample.collect()])
     table_schema = spark.table(qualified_name(stream.table_identifier)).schema
     keys = identifier_columns(config, paths, stream)
 
     attempt, attempt_dir = ledger.new_attempt(sequence)
-    lines = read_landing_lines(spark, [str(directory / name) for name in minted.files])
     staged_frame = staged_events(convert_events(lines, table_schema, stream, keys), table_schema, keys)
     # One pass over the events: counts and the event-time range are observed while writing.
     accepted = F.col(REASON_COLUMN).isNull()

@@ -1,29 +1,21 @@
-"""Create a stream's target table from its declared schema (auto-create), holding the table's lock."""
+"""Create a stream's target table (auto-create) from its declared or inferred schema, holding the
+table's lock."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from pyspark.sql import SparkSession
 
-from lakehouse_assets.config import LakehouseConfig, PartitionFieldSpec, StreamSpec
+from lakehouse_assets.config import ColumnSpec, LakehouseConfig, PartitionFieldSpec, StreamSpec
 from lakehouse_assets.errors import ConfigError, TableNotFoundError
+from lakehouse_assets.iceberg_types import spark_ddl
+from lakehouse_assets.inference import infer_columns
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.table_metadata import CATALOG_NAME, current_metadata_location, load_committed_table
 
-SPARK_TYPE_BY_ICEBERG_TYPE = {
-    "boolean": "boolean",
-    "int": "int",
-    "long": "bigint",
-    "float": "float",
-    "double": "double",
-    "date": "date",
-    "timestamp": "timestamp_ntz",
-    "timestamptz": "timestamp",
-    "string": "string",
-    "binary": "binary",
-}
 # Iceberg retries a failed commit by re-applying it on the new base, which could publish a batch
 # that a competing committer already published. Our committer retries itself after re-reading the
 # ancestry, so Iceberg's own retry is turned off on every table we create.
@@ -35,11 +27,6 @@ MERGE_ON_READ_PROPERTIES = {
     "write.update.mode": "merge-on-read",
     "write.delete.mode": "merge-on-read",
 }
-
-
-def spark_type(iceberg_type: str) -> str:
-    """Spark SQL type for an Iceberg primitive type name (``decimal(P,S)`` passes through)."""
-    return SPARK_TYPE_BY_ICEBERG_TYPE.get(iceberg_type, iceberg_type)
 
 
 def qualified_name(identifier: str) -> str:
@@ -56,11 +43,11 @@ def _partition_expression(field: PartitionFieldSpec) -> str:
     return f"{name}({width}, {column})"
 
 
-def create_table_statement(stream: StreamSpec) -> str:
-    """The ``CREATE TABLE IF NOT EXISTS`` statement for the stream's declared schema."""
+def create_table_statement(stream: StreamSpec, columns: list[ColumnSpec] | None = None) -> str:
+    """The ``CREATE TABLE IF NOT EXISTS`` statement for ``columns`` (default: the declared ones)."""
     columns = ",\n  ".join(
-        f"`{column.name}` {spark_type(column.type)}{' NOT NULL' if column.required else ''}"
-        for column in stream.table_schema.columns
+        f"`{column.name}` {spark_ddl(column.iceberg_type)}{' NOT NULL' if column.required else ''}"
+        for column in (columns or stream.table_schema.columns)
     )
     statement = f"CREATE TABLE IF NOT EXISTS {qualified_name(stream.table_identifier)} (\n  {columns}\n) USING iceberg"
     if stream.table_schema.partition_spec:
@@ -79,11 +66,13 @@ def ensure_table(
     config: LakehouseConfig,
     paths: LakehousePaths,
     stream: StreamSpec,
+    sample_lines: Callable[[], list[str]] | None = None,
 ) -> bool:
     """Make sure the stream's table exists; returns True when this call created it.
 
-    An existing table is used with its own schema. A missing table is created from
-    ``schema.columns`` when ``auto_create`` is set, and is an error naming it otherwise.
+    An existing table is used with its own schema. A missing table is created when ``auto_create``
+    is set, from ``schema.columns`` or else from the schema inferred from ``sample_lines()`` (the
+    first batch's events), and is an error naming it otherwise.
     """
     identifier = stream.table_identifier
     if current_metadata_location(config, paths, identifier):
@@ -98,7 +87,8 @@ def ensure_table(
             return False
         namespace = stream.namespace
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified_name(namespace)}")
-        spark.sql(create_table_statement(stream))
+        columns = stream.table_schema.columns or infer_columns(stream, sample_lines() if sample_lines else [])
+        spark.sql(create_table_statement(stream, columns))
         if stream.identifier_columns:
             fields = ", ".join(f"`{name}`" for name in stream.identifier_columns)
             spark.sql(f"ALTER TABLE {qualified_name(identifier)} SET IDENTIFIER FIELDS {fields}")

@@ -1,0 +1,167 @@
+"""Iceberg type names as written in ``schema.columns``: parsed once, rendered for Spark and DuckDB.
+
+Grammar: the primitives, ``decimal(P,S)``, ``struct<name: type, ...>``, ``list<type>`` and
+``map<key type, value type>``, nested freely. Nested struct fields are optional.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PRIMITIVE_TYPES = ("boolean", "int", "long", "float", "double", "date", "timestamp", "timestamptz", "string", "binary")
+DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Spark 3.5 cannot write these Iceberg types, or cannot declare them in SQL.
+NOT_WRITABLE_FROM_SPARK = {
+    "time": "Spark 3.5 cannot read or write Iceberg time columns; use long (micros) or string",
+    "uuid": "Spark SQL cannot declare uuid columns; use string, or create the table yourself",
+}
+SPARK_PRIMITIVES = {
+    "boolean": "boolean",
+    "int": "int",
+    "long": "bigint",
+    "float": "float",
+    "double": "double",
+    "date": "date",
+    "timestamp": "timestamp_ntz",
+    "timestamptz": "timestamp",
+    "string": "string",
+    "binary": "binary",
+}
+DUCKDB_PRIMITIVES = {
+    "boolean": "BOOLEAN",
+    "int": "INTEGER",
+    "long": "BIGINT",
+    "float": "FLOAT",
+    "double": "DOUBLE",
+    "date": "DATE",
+    "timestamp": "TIMESTAMP",
+    "timestamptz": "TIMESTAMP WITH TIME ZONE",
+    "string": "VARCHAR",
+    "binary": "BLOB",
+}
+
+
+@dataclass(frozen=True)
+class Primitive:
+    name: str
+
+
+@dataclass(frozen=True)
+class Struct:
+    fields: tuple[tuple[str, IcebergType], ...]
+
+
+@dataclass(frozen=True)
+class ListOf:
+    element: IcebergType
+
+
+@dataclass(frozen=True)
+class MapOf:
+    key: IcebergType
+    value: IcebergType
+
+
+IcebergType = Primitive | Struct | ListOf | MapOf
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside ``<...>`` or ``(...)``."""
+    parts, depth, current = [], 0, []
+    for char in text:
+        if char in "<(":
+            depth += 1
+        elif char in ">)":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current).strip())
+    return parts
+
+
+def _inside(text: str, prefix: str) -> str | None:
+    if text.lower().startswith(prefix + "<") and text.endswith(">"):
+        return text[len(prefix) + 1 : -1].strip()
+    return None
+
+
+def parse_type(text: str) -> IcebergType:
+    """Parse a type name; raises ValueError naming what is wrong."""
+    text = text.strip()
+    lowered = text.lower()
+    if lowered in PRIMITIVE_TYPES:
+        return Primitive(lowered)
+    if match := DECIMAL.match(lowered):
+        precision, scale = int(match.group(1)), int(match.group(2))
+        if not 1 <= precision <= 38 or scale > precision:
+            raise ValueError(f"decimal({precision},{scale}): precision must be 1-38 and scale at most the precision")
+        return Primitive(f"decimal({precision},{scale})")
+    if lowered in NOT_WRITABLE_FROM_SPARK:
+        raise ValueError(f"type {text!r} is not supported: {NOT_WRITABLE_FROM_SPARK[lowered]}")
+    if re.match(r"^fixed\[\d+\]$", lowered):
+        raise ValueError(f"type {text!r} is not supported: Spark SQL cannot declare fixed columns; use binary")
+    if (inner := _inside(text, "struct")) is not None:
+        fields = []
+        for part in _split_top_level(inner):
+            name, colon, field_type = part.partition(":")
+            if not colon or not FIELD_NAME.match(name.strip()):
+                raise ValueError(f"struct field {part!r} is not of the form 'name: type'")
+            fields.append((name.strip(), parse_type(field_type)))
+        if len({name for name, _ in fields}) != len(fields):
+            raise ValueError(f"struct {text!r} names a field twice")
+        return Struct(tuple(fields))
+    if (inner := _inside(text, "list")) is not None:
+        return ListOf(parse_type(inner))
+    if (inner := _inside(text, "map")) is not None:
+        parts = _split_top_level(inner)
+        if len(parts) != 2:
+            raise ValueError(f"map {text!r} needs a key and a value type: map<string, long>")
+        return MapOf(parse_type(parts[0]), parse_type(parts[1]))
+    raise ValueError(
+        f"unsupported type {text!r}; supported: {', '.join(PRIMITIVE_TYPES)}, decimal(P,S), "
+        "struct<name: type, ...>, list<type>, map<key, value>"
+    )
+
+
+def type_name(iceberg_type: IcebergType) -> str:
+    """The canonical spelling, e.g. ``struct<id: long, tags: list<string>>``."""
+    match iceberg_type:
+        case Primitive(name):
+            return name
+        case Struct(fields):
+            return "struct<" + ", ".join(f"{name}: {type_name(kind)}" for name, kind in fields) + ">"
+        case ListOf(element):
+            return f"list<{type_name(element)}>"
+        case MapOf(key, value):
+            return f"map<{type_name(key)}, {type_name(value)}>"
+
+
+def spark_ddl(iceberg_type: IcebergType) -> str:
+    """The Spark SQL type for a column of this type."""
+    match iceberg_type:
+        case Primitive(name):
+            return SPARK_PRIMITIVES.get(name, name)
+        case Struct(fields):
+            return "struct<" + ", ".join(f"`{name}`: {spark_ddl(kind)}" for name, kind in fields) + ">"
+        case ListOf(element):
+            return f"array<{spark_ddl(element)}>"
+        case MapOf(key, value):
+            return f"map<{spark_ddl(key)}, {spark_ddl(value)}>"
+
+
+def duckdb_type(iceberg_type: IcebergType) -> str:
+    """The type DuckDB's ``DESCRIBE`` shows for a column of this type."""
+    match iceberg_type:
+        case Primitive(name):
+            return DUCKDB_PRIMITIVES.get(name, name.upper())
+        case Struct(fields):
+            return "STRUCT(" + ", ".join(f"{name} {duckdb_type(kind)}" for name, kind in fields) + ")"
+        case ListOf(element):
+            return f"{duckdb_type(element)}[]"
+        case MapOf(key, value):
+            return f"MAP({duckdb_type(key)}, {duckdb_type(value)})"
