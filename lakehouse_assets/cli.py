@@ -1,4 +1,4 @@
-"""The ``lakehouse`` command: ingest, run, maintain, status, demo."""
+"""The ``lakehouse`` command: ingest, run, maintain, dlq replay, status, demo."""
 
 from __future__ import annotations
 
@@ -86,6 +86,21 @@ def _maintain(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _dlq_replay(args: argparse.Namespace) -> int:
+    from lakehouse_assets.replay import replay_dead_letters
+
+    report = replay_dead_letters(load_config(), LakehousePaths.from_env(), args.table, args.reason)
+    for stream, count in report.landed.items():
+        print(f"stream {stream}: {count} dead letters landed again; they leave the dead-letter table when they commit")
+    if not report.landed:
+        print("no dead letters to replay")
+    if report.already_pending:
+        print(f"{report.already_pending} dead letters are in a replay that has not committed yet; skipped")
+    if report.not_replayable:
+        print(f"{report.not_replayable} dead letters are not JSON objects and cannot be replayed")
+    return 0
+
+
 def _print_status(entries: list[dict]) -> None:
     for entry in entries:
         if not entry["exists"]:
@@ -145,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     maintain = commands.add_parser("maintain", help="run table maintenance now (all tables, or one)")
     maintain.add_argument("--table", help="namespace.table; default: every configured table")
     maintain.set_defaults(handler=_maintain)
+    dlq = commands.add_parser("dlq", help="dead letters").add_subparsers(dest="dlq_command", required=True)
+    replay = dlq.add_parser("replay", help="send a table's dead letters through their stream again, after a fix")
+    replay.add_argument("--table", required=True, help="namespace.table whose dead letters to replay")
+    replay.add_argument("--reason", help="only dead letters whose reason contains this text")
+    replay.set_defaults(handler=_dlq_replay)
     demo = commands.add_parser("demo", help="generate sample events, run until idle, summarize")
     demo.add_argument("--events", type=int, default=10_000)
     demo.set_defaults(handler=_demo)

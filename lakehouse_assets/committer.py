@@ -37,12 +37,19 @@ from lakehouse_assets.batch_ledger import BatchRecord, CommittedBatch, StreamLed
 from lakehouse_assets.completeness import count_late_events, next_watermark
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.conversion import accepted_rows
-from lakehouse_assets.dead_letters import dead_letter_identifier, dead_letter_rows, ensure_dead_letter_table
+from lakehouse_assets.dead_letters import (
+    dead_letter_identifier,
+    dead_letter_rows,
+    ensure_dead_letter_table,
+    replace_dead_letters,
+)
 from lakehouse_assets.errors import CommitOutcomeUnknownError, FencedError, SequenceGapError
 from lakehouse_assets.faults import crash_point
+from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import committed_state, lakehouse_commits, table_history
+from lakehouse_assets.replay import replayed_keys
 from lakehouse_assets.staging import stage_batch
 from lakehouse_assets.table_metadata import (
     current_metadata_location,
@@ -182,18 +189,30 @@ def _ensure_staged_data(ctx: CommitterPass, stream: StreamSpec, record: BatchRec
 
 
 def _commit_dead_letters(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> int:
-    """Append the batches' rejected events to the dead-letter table, unless its ancestry has them."""
+    """Commit the batches' rejected events to the dead-letter table, and remove the dead letters
+    they replay, in one commit, unless the dead-letter table's ancestry has these batches."""
     identifier = dead_letter_identifier(stream.table_identifier)
+    directory = landing_dir(ctx.paths, stream)
+    replays = {record.sequence: replayed_keys(directory, record.minted.files) for record in batches}
     count = sum(record.staged.rejected for record in batches)
-    if count == 0:
+    if count == 0 and not any(replays.values()):
         return 0
     ensure_dead_letter_table(ctx.spark, identifier)
     already = committed_state(load_committed_table(ctx.config, ctx.paths, identifier), stream.name).sequence
-    pending = [record for record in batches if record.sequence > already and record.staged.rejected]
-    if pending:
-        rows = sum(record.staged.rejected for record in pending)
-        properties = _summary_properties(stream, pending, rows, rows, ctx.epoch, ctx.run_id)
-        append_rows(dead_letter_rows(ctx.spark, stream.name, pending), identifier, properties)
+    pending = [r for r in batches if r.sequence > already and (r.staged.rejected or replays[r.sequence])]
+    if not pending:
+        return count
+    rejected = [record for record in pending if record.staged.rejected]
+    rows = sum(record.staged.rejected for record in rejected)
+    properties = _summary_properties(stream, pending, rows, rows, ctx.epoch, ctx.run_id)
+    new_rows = dead_letter_rows(ctx.spark, stream.name, rejected) if rejected else None
+    replayed = [key for record in pending for key in replays[record.sequence]]
+    if replayed:
+        properties[summary_keys.NET_ROWS] = str(rows - len(replayed))
+        view = f"lakehouse_dead_letters_{stream.name}_{pending[0].sequence}"
+        replace_dead_letters(ctx.spark, identifier, new_rows, replayed, properties, view)
+    else:
+        append_rows(new_rows, identifier, properties)
     return count
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession
@@ -9,9 +10,22 @@ from pyspark.sql import functions as F
 
 from lakehouse_assets.batch_ledger import BatchRecord
 from lakehouse_assets.conversion import rejected_events
+from lakehouse_assets.table_writes import run_with_commit_properties
 from lakehouse_assets.tables import MANAGED_TABLE_PROPERTIES, qualified_name
 
 DEAD_LETTER_SUFFIX = "_dead_letters"
+KEY_COLUMNS = ("stream", "batch_sequence", "source_file", "source_line")
+DEAD_LETTER_COLUMNS = ("event", "reason", "stream", "batch_sequence", "source_file", "source_line", "recorded_at")
+
+
+@dataclass(frozen=True)
+class DeadLetterKey:
+    """Identifies one dead-letter row: each landing line is in exactly one batch of one stream."""
+
+    stream: str
+    batch_sequence: int
+    source_file: str
+    source_line: int
 
 
 def dead_letter_identifier(table_identifier: str) -> str:
@@ -44,3 +58,36 @@ def dead_letter_rows(spark: SparkSession, stream: str, batches: list[BatchRecord
         for record in batches
     ]
     return reduce(DataFrame.unionByName, frames)
+
+
+def replace_dead_letters(
+    spark: SparkSession,
+    identifier: str,
+    new_rows: DataFrame | None,
+    replayed: list[DeadLetterKey],
+    properties: dict[str, str],
+    view_name: str,
+) -> None:
+    """In one commit, delete the replayed dead-letter rows and add ``new_rows`` (events that failed
+    again, with their new reason), carrying ``properties`` in the snapshot summary."""
+    keys = spark.createDataFrame(
+        [(None, None, key.stream, key.batch_sequence, key.source_file, key.source_line, None) for key in replayed],
+        "event string, reason string, stream string, batch_sequence bigint, source_file string, "
+        "source_line bigint, recorded_at timestamp",
+    ).select("*", F.lit("delete").alias("_action"))
+    if new_rows is not None:
+        keys = keys.unionByName(new_rows.select(*DEAD_LETTER_COLUMNS, F.lit("insert").alias("_action")))
+    keys.createOrReplaceTempView(view_name)
+    match = " AND ".join(
+        f"t.{column} = s.{column}" for column in ("stream", "batch_sequence", "source_file", "source_line")
+    )
+    statement = (
+        f"MERGE INTO {qualified_name(identifier)} t USING {view_name} s ON s._action = 'delete' AND {match} "
+        "WHEN MATCHED THEN DELETE "
+        f"WHEN NOT MATCHED AND s._action = 'insert' THEN INSERT ({', '.join(DEAD_LETTER_COLUMNS)}) "
+        f"VALUES ({', '.join('s.' + column for column in DEAD_LETTER_COLUMNS)})"
+    )
+    try:
+        run_with_commit_properties(spark, statement, properties)
+    finally:
+        spark.catalog.dropTempView(view_name)

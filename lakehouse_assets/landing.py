@@ -10,7 +10,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +55,11 @@ def _new_landing_name() -> str:
     return f"{time.time_ns():020d}-{uuid.uuid4().hex[:12]}{LANDING_SUFFIX}"
 
 
-def _write_atomically(directory: Path, lines: list[bytes]) -> Path:
+def write_landing_file(
+    directory: Path, lines: list[bytes], before_publish: Callable[[Path], None] | None = None
+) -> Path:
+    """Write one landing file under a dot-name and rename it into place; ``before_publish`` runs
+    with the final path before the rename, so whatever it writes exists before the file is seen."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / _new_landing_name()
     temporary = directory / f".{final.name}.tmp"
@@ -63,11 +67,14 @@ def _write_atomically(directory: Path, lines: list[bytes]) -> Path:
         handle.writelines(lines)
         handle.flush()
         os.fsync(handle.fileno())
+    if before_publish:
+        before_publish(final)
     os.rename(temporary, final)
     return final
 
 
-def _validated_lines(lines: Iterable[bytes | str], origin: str) -> list[bytes]:
+def validated_lines(lines: Iterable[bytes | str], origin: str) -> list[bytes]:
+    """The non-empty lines as newline-terminated bytes; IngestError names the first that is not a JSON object."""
     accepted: list[bytes] = []
     for number, line in enumerate(lines, start=1):
         text = line.decode("utf-8") if isinstance(line, bytes) else line
@@ -94,7 +101,7 @@ def land_events(
     Every line must be a JSON object; the first bad line is named in the error and nothing is
     landed. Large inputs are split into files of at most 64 MiB.
     """
-    accepted = _validated_lines(lines, origin)
+    accepted = validated_lines(lines, origin)
     directory = landing_dir(paths, stream)
     chunks: list[list[bytes]] = [[]]
     chunk_bytes = 0
@@ -104,4 +111,4 @@ def land_events(
             chunk_bytes = 0
         chunks[-1].append(line)
         chunk_bytes += len(line)
-    return [_write_atomically(directory, chunk) for chunk in chunks if chunk]
+    return [write_landing_file(directory, chunk) for chunk in chunks if chunk]

@@ -65,6 +65,18 @@ class _SqlStatement:
         implements = ["java.util.concurrent.Callable"]
 
 
+def run_with_commit_properties(spark: SparkSession, statement: str, properties: dict[str, str]) -> None:
+    """Run one SQL statement whose Iceberg commit carries ``properties`` in its snapshot summary."""
+    jvm = spark.sparkContext._jvm
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    java_properties = jvm.java.util.HashMap()
+    for key, value in properties.items():
+        java_properties.put(key, value)
+    jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(
+        java_properties, _SqlStatement(spark, statement), jvm.java.lang.Class.forName("java.lang.Exception")
+    )
+
+
 def merge_changes(
     spark: SparkSession,
     identifier: str,
@@ -86,14 +98,7 @@ def merge_changes(
         f"WHEN MATCHED THEN UPDATE SET {assignments} "
         f"WHEN NOT MATCHED AND s.{OPERATION_COLUMN} <> '{DELETE}' THEN INSERT ({names}) VALUES ({values})"
     )
-    jvm = spark.sparkContext._jvm
-    ensure_callback_server_started(spark.sparkContext._gateway)
-    java_properties = jvm.java.util.HashMap()
-    for key, value in properties.items():
-        java_properties.put(key, value)
     try:
-        jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(
-            java_properties, _SqlStatement(spark, statement), jvm.java.lang.Class.forName("java.lang.Exception")
-        )
+        run_with_commit_properties(spark, statement, properties)
     finally:
         spark.catalog.dropTempView(view_name)

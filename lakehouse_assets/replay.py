@@ -1,0 +1,106 @@
+"""Dead-letter replay: send dead letters back through their stream after a fix, exactly once.
+
+``lakehouse dlq replay --table T [--reason TEXT]`` lands the selected dead letters as new landing
+files of their streams. Before a file becomes visible, a sidecar ``.<file>.replay.json`` names the
+dead-letter row of each of its lines (stream, batch, source file and line). The file is batched,
+staged and committed like any other; the dead-letter commit of its batch deletes the replayed rows
+and inserts the events that fail again, with their new reason, in one commit, before the table
+commit places the others (each table's ancestry says whether its part is done, as for every
+batch). Dead letters already named by a pending replay file are not replayed twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.dead_letters import DeadLetterKey, dead_letter_identifier
+from lakehouse_assets.errors import ConfigError, IngestError
+from lakehouse_assets.landing import landing_dir, list_landing_files, validated_lines, write_landing_file
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.table_metadata import load_committed_table
+
+SIDECAR_SUFFIX = ".replay.json"
+EVENTS_PER_FILE = 100_000
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """What a replay landed, per stream, and what it left alone."""
+
+    landed: dict[str, int]
+    already_pending: int
+    not_replayable: int
+
+
+def sidecar_path(landing_file: Path) -> Path:
+    """The sidecar of a replay landing file (a dot-name, so it is never taken for events)."""
+    return landing_file.with_name(f".{landing_file.name}{SIDECAR_SUFFIX}")
+
+
+def replayed_keys(directory: Path, files: list[str]) -> list[DeadLetterKey]:
+    """The dead-letter rows that the given landing files replay (none for ordinary files)."""
+    keys = []
+    for name in files:
+        sidecar = sidecar_path(directory / name)
+        if sidecar.exists():
+            keys.extend(DeadLetterKey(**entry) for entry in json.loads(sidecar.read_text()))
+    return keys
+
+
+def _pending_keys(directory: Path) -> set[DeadLetterKey]:
+    return set(replayed_keys(directory, [landed.name for landed in list_landing_files(directory)]))
+
+
+def _write_sidecar(keys: list[DeadLetterKey]):
+    def write(landing_file: Path) -> None:
+        sidecar = sidecar_path(landing_file)
+        temporary = sidecar.with_name(sidecar.name + ".tmp")
+        temporary.write_text(json.dumps([asdict(key) for key in keys]))
+        os.replace(temporary, sidecar)
+
+    return write
+
+
+def _streams_of(config: LakehouseConfig, table_identifier: str) -> dict[str, StreamSpec]:
+    if table_identifier not in config.tables():
+        known = ", ".join(config.tables())
+        raise ConfigError(f"unknown table {table_identifier!r}; configured tables: {known}")
+    return {stream.name: stream for stream in config.tables()[table_identifier]}
+
+
+def replay_dead_letters(
+    config: LakehouseConfig, paths: LakehousePaths, table_identifier: str, reason: str | None = None
+) -> ReplayReport:
+    """Land the table's dead letters (those whose reason contains ``reason``) for another try."""
+    streams = _streams_of(config, table_identifier)
+    table = load_committed_table(config, paths, dead_letter_identifier(table_identifier))
+    rows = table.scan().to_arrow().to_pylist() if table else []
+    landed: dict[str, int] = {}
+    already_pending = not_replayable = 0
+    for name, stream in streams.items():
+        directory = landing_dir(paths, stream)
+        pending = _pending_keys(directory)
+        selected: list[tuple[DeadLetterKey, bytes]] = []
+        for row in rows:
+            if row["stream"] != name or (reason and reason not in row["reason"]):
+                continue
+            key = DeadLetterKey(name, row["batch_sequence"], row["source_file"], row["source_line"])
+            if key in pending:
+                already_pending += 1
+                continue
+            try:
+                [line] = validated_lines([row["event"]], "dead letter")
+            except (IngestError, ValueError):
+                not_replayable += 1  # not a JSON object: it can only ever be a dead letter
+                continue
+            selected.append((key, line))
+        for start in range(0, len(selected), EVENTS_PER_FILE):
+            chunk = selected[start : start + EVENTS_PER_FILE]
+            write_landing_file(directory, [line for _, line in chunk], _write_sidecar([key for key, _ in chunk]))
+        if selected:
+            landed[name] = len(selected)
+    return ReplayReport(landed, already_pending, not_replayable)

@@ -1,0 +1,76 @@
+"""Dead-letter replay through the real pipeline: after a fix every replayed event leaves the
+dead-letter table exactly when it lands in the table, or returns with its new reason, once."""
+
+import json
+
+import pytest
+
+from lakehouse_assets.config import load_config
+from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.landing import land_events
+from lakehouse_assets.replay import replay_dead_letters
+from lakehouse_assets.runner import run_until_idle
+from lakehouse_assets.spark import lakehouse_session
+from lakehouse_assets.table_metadata import load_committed_table
+from lakehouse_assets_tests.conftest import write_config
+
+pytestmark = pytest.mark.spark
+
+
+def _orders(amount_required: bool) -> dict:
+    columns = [
+        {"name": "order_id", "type": "long", "required": True},
+        {"name": "amount", "type": "double", "required": amount_required},
+    ]
+    return {
+        "streams": [
+            {
+                "name": "orders",
+                "table_identifier": "sales.orders",
+                "auto_create": True,
+                "schema": {"columns": columns},
+                "commit_interval": "0s",
+            }
+        ]
+    }
+
+
+def _rows(config, paths, identifier, *columns):
+    table = load_committed_table(config, paths, identifier)
+    return sorted(tuple(row.values()) for row in table.scan(selected_fields=columns).to_arrow().to_pylist())
+
+
+def _run(config, instance):
+    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+
+
+def test_replayed_dead_letters_land_once_or_return_with_their_new_reason(paths, tmp_path, monkeypatch, instance):
+    write_config(tmp_path, _orders(amount_required=True), monkeypatch)
+    config = load_config()
+    events = [{"order_id": 1, "amount": 1.5}, {"order_id": 2, "amount": "n/a"}, {"order_id": 3}, {"amount": 2.0}]
+    land_events(paths, config.stream("orders"), [json.dumps(event) for event in events])
+    _run(config, instance)
+    assert [reason for (reason,) in _rows(config, paths, "sales.orders_dead_letters", "reason")] == [
+        "missing required field 'amount'",
+        "missing required field 'order_id'",
+        "required field 'amount': n/a is not a double",
+    ]
+
+    # The fix: amount becomes optional, in the table and in the config.
+    lakehouse_session(config, paths).sql("ALTER TABLE lake.sales.orders ALTER COLUMN amount DROP NOT NULL")
+    write_config(tmp_path, _orders(amount_required=False), monkeypatch)
+    config = load_config()
+    first = replay_dead_letters(config, paths, "sales.orders", reason="amount")
+    again = replay_dead_letters(config, paths, "sales.orders", reason="amount")
+    assert (first.landed, again.landed, again.already_pending) == ({"orders": 2}, {}, 2)
+    _run(config, instance)
+
+    assert _rows(config, paths, "sales.orders", "order_id", "amount") == [(1, 1.5), (2, None), (3, None)]
+    assert _rows(config, paths, "sales.orders_dead_letters", "reason") == [("missing required field 'order_id'",)]
+
+    # An event that still fails comes back once, with the reason it failed for now.
+    assert replay_dead_letters(config, paths, "sales.orders").landed == {"orders": 1}
+    _run(config, instance)
+    [(event, reason, source_file)] = _rows(config, paths, "sales.orders_dead_letters", "event", "reason", "source_file")
+    assert (json.loads(event), reason) == ({"amount": 2.0}, "missing required field 'order_id'")
+    assert _rows(config, paths, "sales.orders", "order_id") == [(1,), (2,), (3,)]
