@@ -2,9 +2,11 @@
 dead-letter table exactly when it lands in the table, or returns with its new reason, once."""
 
 import json
+import signal
 
 import pytest
 
+from lakehouse_assets import faults
 from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.landing import land_events
@@ -13,6 +15,7 @@ from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.conftest import write_config
+from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse_process
 
 pytestmark = pytest.mark.spark
 
@@ -44,7 +47,8 @@ def _run(config, instance):
     assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
 
 
-def test_replayed_dead_letters_land_once_or_return_with_their_new_reason(paths, tmp_path, monkeypatch, instance):
+def _reject_then_fix(paths, tmp_path, monkeypatch, instance):
+    """Commit four events, three of them dead letters, then make ``amount`` optional."""
     write_config(tmp_path, _orders(amount_required=True), monkeypatch)
     config = load_config()
     events = [{"order_id": 1, "amount": 1.5}, {"order_id": 2, "amount": "n/a"}, {"order_id": 3}, {"amount": 2.0}]
@@ -59,7 +63,11 @@ def test_replayed_dead_letters_land_once_or_return_with_their_new_reason(paths, 
     # The fix: amount becomes optional, in the table and in the config.
     lakehouse_session(config, paths).sql("ALTER TABLE lake.sales.orders ALTER COLUMN amount DROP NOT NULL")
     write_config(tmp_path, _orders(amount_required=False), monkeypatch)
-    config = load_config()
+    return load_config()
+
+
+def test_replayed_dead_letters_land_once_or_return_with_their_new_reason(paths, tmp_path, monkeypatch, instance):
+    config = _reject_then_fix(paths, tmp_path, monkeypatch, instance)
     first = replay_dead_letters(config, paths, "sales.orders", reason="amount")
     again = replay_dead_letters(config, paths, "sales.orders", reason="amount")
     assert (first.landed, again.landed, again.already_pending) == ({"orders": 2}, {}, 2)
@@ -74,3 +82,21 @@ def test_replayed_dead_letters_land_once_or_return_with_their_new_reason(paths, 
     [(event, reason, source_file)] = _rows(config, paths, "sales.orders_dead_letters", "event", "reason", "source_file")
     assert (json.loads(event), reason) == ({"amount": 2.0}, "missing required field 'order_id'")
     assert _rows(config, paths, "sales.orders", "order_id") == [(1,), (2,), (3,)]
+
+
+def test_a_replay_killed_between_its_dead_letter_and_table_commits_places_every_event_once(
+    paths, tmp_path, monkeypatch, instance
+):
+    config = _reject_then_fix(paths, tmp_path, monkeypatch, instance)
+    replay_dead_letters(config, paths, "sales.orders", reason="amount")
+
+    crashed = run_lakehouse_process(["run", "--until-idle"], {faults.CRASH_ENV: faults.COMMITTER_AFTER_DEAD_LETTERS})
+
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
+    # The replayed rows left the dead-letter table; the table commit of their batch is pending.
+    assert _rows(config, paths, "sales.orders_dead_letters", "reason") == [("missing required field 'order_id'",)]
+    assert _rows(config, paths, "sales.orders", "order_id") == [(1,)]
+    restarted = run_lakehouse_process(["run", "--until-idle"])
+    assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
+    assert _rows(config, paths, "sales.orders", "order_id", "amount") == [(1, 1.5), (2, None), (3, None)]
+    assert _rows(config, paths, "sales.orders_dead_letters", "reason") == [("missing required field 'order_id'",)]
