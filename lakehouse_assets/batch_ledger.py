@@ -60,6 +60,8 @@ class StagedBatch:
     staged_at: float
     run_id: str | None = None
     deletes: int = 0
+    new_columns: dict[str, str] = field(default_factory=dict)
+    """Columns the batch's events have and the table lacked (schema evolution), with their types."""
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,10 @@ def check_schema(
     connection: duckdb.DuckDBPyConnection,
     snapshot: CommittedSnapshot,
     declared: list[ColumnSpec],
+    evolves: bool = False,
 ) -> CheckOutcome:
-    """The snapshot's columns, types and required flags are the declared ones, in order."""
+    """The snapshot's columns, types and required flags are the declared ones, in order; with schema
+    evolution, optional columns may follow them."""
     if not declared:
         return CheckOutcome(True, "no schema declared; the table's own schema is used")
     described = connection.sql(f"DESCRIBE SELECT * FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}")
@@ -68,17 +70,22 @@ def check_schema(
     iceberg_schema = snapshot.table().schema()
     required_actual = sorted(f.name for f in iceberg_schema.fields if f.required)
     required_expected = sorted(column.name for column in declared if column.required)
+    compared = actual[: len(expected)] if evolves else actual
     problems = []
-    if actual != expected:
-        problems.append(f"columns {actual} differ from declared {expected}")
+    if compared != expected:
+        problems.append(f"columns {compared} differ from declared {expected}")
     if required_actual != required_expected:
         problems.append(f"required columns {required_actual} differ from declared {required_expected}")
+    added = [f"{name} {kind}" for name, kind in actual[len(expected) :]] if evolves else []
     return CheckOutcome(
         not problems,
-        "; ".join(problems) or "schema matches the declared columns",
+        "; ".join(problems)
+        or "schema matches the declared columns"
+        + (f", plus {len(added)} columns added by schema evolution" if added else ""),
         {
             "columns": [f"{name} {kind}" for name, kind in actual],
             "required": required_actual,
+            "added_by_evolution": added,
         },
     )
 

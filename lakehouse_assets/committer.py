@@ -27,7 +27,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
+from functools import partial, reduce
 
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
@@ -50,6 +50,7 @@ from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import committed_state, lakehouse_commits, table_history
 from lakehouse_assets.replay import replayed_keys
+from lakehouse_assets.schema_evolution import add_missing_columns, columns_added_since_last_snapshot
 from lakehouse_assets.staging import stage_batch
 from lakehouse_assets.table_metadata import (
     current_metadata_location,
@@ -84,6 +85,7 @@ class CommitResult:
     max_event_time: str | None
     watermark: str | None
     late_events: int
+    schema_change: dict[str, str]
     epoch: int
 
 
@@ -249,6 +251,16 @@ def _write_until_landed(ctx: CommitterPass, stream: StreamSpec, last_sequence: i
     raise AssertionError("unreachable")
 
 
+def _evolve_schema(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> None:
+    """Add the columns the batches' events brought that the table still lacks (lock held)."""
+    proposed: dict[str, str] = {}
+    for record in batches:
+        for name, kind in record.staged.new_columns.items():
+            proposed.setdefault(name, kind)
+    if proposed and add_missing_columns(ctx.spark, stream.table_identifier, proposed):
+        crash_point(faults.COMMITTER_AFTER_SCHEMA_CHANGE)
+
+
 def _record_completeness(ctx: CommitterPass, stream: StreamSpec, staged: DataFrame, properties: dict) -> int:
     """Add the stream's new watermark and the batch's late-event count to the commit's summary."""
     if stream.completeness is None:
@@ -269,8 +281,13 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
     dead_letters = _commit_dead_letters(ctx, stream, batches)
     crash_point(faults.COMMITTER_AFTER_DEAD_LETTERS)
     spark = ctx.spark
-    columns = spark.table(qualified_name(identifier)).columns
-    staged = accepted_rows(spark.read.parquet(*[str(record.events_path()) for record in batches]), columns)
+    _evolve_schema(ctx, stream, batches)
+    table_schema = spark.table(qualified_name(identifier)).schema
+    columns = table_schema.fieldNames()
+    # Each batch is aligned to the table on its own: batches staged with different new columns, or
+    # with different types for one (the first committed type wins), cannot be read as one.
+    aligned = [accepted_rows(spark.read.parquet(str(record.events_path())), table_schema) for record in batches]
+    staged = reduce(DataFrame.unionByName, aligned)
     keys = identifier_columns(ctx.config, ctx.paths, stream)
     if keys:
         counts = count_changes(spark, identifier, staged, keys)
@@ -291,6 +308,9 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
         properties = _summary_properties(stream, batches, rows, rows, ctx.epoch, ctx.run_id)
         write = partial(append_rows, staged.select(*columns), identifier, properties)
     late_events = _record_completeness(ctx, stream, staged, properties)
+    schema_change = columns_added_since_last_snapshot(ctx.table())
+    if schema_change:
+        properties[summary_keys.SCHEMA_CHANGE] = json.dumps(schema_change)
     confirmed = _write_until_landed(ctx, stream, batches[-1].sequence, write)
     crash_point(faults.COMMITTER_AFTER_COMMIT)
     snapshot = confirmed.current_snapshot()
@@ -322,6 +342,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
         max_event_time=properties[summary_keys.MAX_EVENT_TIME] or None,
         watermark=properties.get(summary_keys.WATERMARK) or None,
         late_events=late_events,
+        schema_change=schema_change,
         epoch=ctx.epoch,
     )
 

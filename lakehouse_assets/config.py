@@ -260,13 +260,6 @@ class StreamSpec(_Strict):
             raise ValueError(f"constant operation {value!r} is not one of {', '.join(sorted(OPERATION_NAMES))}")
         return value
 
-    @field_validator("schema_evolution")
-    @classmethod
-    def _no_evolution_yet(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("schema evolution is not supported yet; set it to false")
-        return value
-
     @model_validator(mode="after")
     def _event_time_column_declared(self) -> StreamSpec:
         columns = {column.name: column for column in self.table_schema.columns}

@@ -199,11 +199,16 @@ def staged_events(converted: DataFrame, table_schema: T.StructType, identifier_c
     )
 
 
-def accepted_rows(staged: DataFrame, columns: list[str]) -> DataFrame:
-    """The staged rows to publish, in the table's column order, with their operation."""
-    return staged.where(F.col(REASON_COLUMN).isNull()).select(
-        *[F.col(f"`{name}`") for name in columns], F.col(OPERATION_COLUMN)
-    )
+def accepted_rows(staged: DataFrame, table_schema: T.StructType) -> DataFrame:
+    """The staged rows to publish, with their operation, as the table's columns: cast to the
+    table's types (a column added by another batch first keeps its type) and NULL where the
+    batch has no such column."""
+    present = set(staged.columns)
+    columns = [
+        (F.col(f"`{field.name}`") if field.name in present else F.lit(None)).cast(field.dataType).alias(field.name)
+        for field in table_schema
+    ]
+    return staged.where(F.col(REASON_COLUMN).isNull()).select(*columns, F.col(OPERATION_COLUMN))
 
 
 def rejected_events(staged: DataFrame) -> DataFrame:

@@ -30,6 +30,7 @@ COMMITTER_AFTER_WRITE = "committer.after_write"
 COMMITTER_AFTER_COMMIT = "committer.after_commit_before_bookkeeping"
 COMMITTER_DURING_CLEANUP = "committer.during_cleanup"
 MAINTENANCE_AFTER_CHECKPOINT = "maintenance.after_checkpoint_before_expiry"
+COMMITTER_AFTER_SCHEMA_CHANGE = "committer.after_schema_change_before_commit"
 CRASH_POINTS = (
     WRITER_AFTER_STAGING,
     WRITER_AFTER_RECORDING,
@@ -40,6 +41,7 @@ CRASH_POINTS = (
     COMMITTER_DURING_CLEANUP,
 )
 MAINTENANCE_CRASH_POINTS = (MAINTENANCE_AFTER_CHECKPOINT,)
+SCHEMA_EVOLUTION_CRASH_POINTS = (COMMITTER_AFTER_SCHEMA_CHANGE,)
 
 
 class InjectedFault(RuntimeError):

@@ -30,6 +30,7 @@ from lakehouse_assets.faults import crash_point
 from lakehouse_assets.inference import SAMPLE_EVENTS
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.schema_evolution import new_columns, with_new_columns
 from lakehouse_assets.tables import ensure_table, identifier_columns, qualified_name
 
 # Event times in the ledger and in snapshot summaries: ISO 8601 in UTC (the session time zone), so
@@ -86,6 +87,8 @@ def stage_batch(
     sample = lines.select(EVENT_COLUMN).limit(SAMPLE_EVENTS)
     ensure_table(spark, config, paths, stream, sample_lines=lambda: [row[0] for row in sample.collect()])
     table_schema = spark.table(qualified_name(stream.table_identifier)).schema
+    added = new_columns(lines, stream, table_schema) if stream.schema_evolution else {}
+    table_schema = with_new_columns(table_schema, added)
     keys = identifier_columns(config, paths, stream)
 
     attempt, attempt_dir = ledger.new_attempt(sequence)
@@ -119,6 +122,7 @@ def stage_batch(
         max_event_time=metrics["max_event_time"],
         staged_at=time.time(),
         run_id=run_id,
+        new_columns=added,
     )
     if ledger.record_staged(staged):
         crash_point(faults.WRITER_AFTER_RECORDING)

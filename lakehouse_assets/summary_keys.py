@@ -15,6 +15,7 @@ COMMITTER_EPOCH = "lakehouse.committer-epoch"
 COMMITTER_RUN = "lakehouse.committer-run"
 WATERMARK = "lakehouse.watermark"
 LATE_EVENTS = "lakehouse.late-events"
+SCHEMA_CHANGE = "lakehouse.schema-change"
 
 
 def format_batch_range(first: int, last: int) -> str:

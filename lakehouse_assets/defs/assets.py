@@ -95,6 +95,7 @@ def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:
         "max_event_time": result.max_event_time or "",
         "watermark": result.watermark or "",
         "late_events": result.late_events,
+        "schema_change": dg.JsonMetadataValue(result.schema_change),
         "committer_epoch": result.epoch,
         "dead_letter_table": dead_letter_identifier(result.table),
     }

@@ -61,11 +61,12 @@ def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.As
     """The commit checks of one table, each reading the committed snapshot with DuckDB."""
     asset_key = names.table_key(table_identifier)
     declared = streams[0].table_schema.columns
+    evolves = any(stream.schema_evolution for stream in streams)
     registry = [
         (
             names.SCHEMA_CHECK,
             "The committed snapshot's columns, types and required flags are as declared.",
-            lambda snapshot: checks.check_schema(iceberg_connection(), snapshot, declared),
+            lambda snapshot: checks.check_schema(iceberg_connection(), snapshot, declared, evolves),
         ),
         (
             names.ROW_COUNT_CHECK,

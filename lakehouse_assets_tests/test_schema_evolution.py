@@ -1,0 +1,104 @@
+"""Schema evolution through the real pipeline: new fields become columns before their batch
+commits, the first type wins, every change is recorded, and a crash mid-change loses nothing."""
+
+import json
+import signal
+
+import dagster as dg
+import pytest
+
+from lakehouse_assets import faults, summary_keys
+from lakehouse_assets.committer import commit_table
+from lakehouse_assets.config import load_config
+from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.defs import names
+from lakehouse_assets.landing import land_events
+from lakehouse_assets.micro_batching import mint_next_batch
+from lakehouse_assets.runner import run_until_idle
+from lakehouse_assets.spark import lakehouse_session
+from lakehouse_assets.staging import stage_batch
+from lakehouse_assets.table_metadata import load_committed_table
+from lakehouse_assets_tests.conftest import write_config
+from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse_process
+
+pytestmark = pytest.mark.spark
+
+EVOLVING = {
+    "name": "events",
+    "table_identifier": "web.events",
+    "auto_create": True,
+    "schema_evolution": True,
+    "schema": {"columns": [{"name": "id", "type": "long", "required": True}, {"name": "kind", "type": "string"}]},
+    "commit_interval": "0s",
+}
+
+
+@pytest.fixture
+def evolving(lakehouse_home, tmp_path, monkeypatch):
+    write_config(tmp_path, {"streams": [EVOLVING]}, monkeypatch)
+    return load_config()
+
+
+def _columns(config, paths):
+    return {
+        field.name: str(field.field_type) for field in load_committed_table(config, paths, "web.events").schema().fields
+    }
+
+
+def _rows(config, paths, *columns):
+    table = load_committed_table(config, paths, "web.events")
+    return sorted(tuple(row.values()) for row in table.scan(selected_fields=columns).to_arrow().to_pylist())
+
+
+def test_new_fields_become_columns_recorded_in_the_commit_and_checked(evolving, paths, instance):
+    events = [{"id": 1, "kind": "a"}, {"id": 2, "kind": "b", "score": 1.5, "meta": {"x": 1}}]
+    land_events(paths, evolving.stream("events"), [json.dumps(event) for event in events])
+
+    assert run_until_idle(build_definitions(evolving), instance, log=lambda _: None).failed == []
+
+    columns = _columns(evolving, paths)
+    assert list(columns) == ["id", "kind", "meta", "score"] and columns["score"] == "double"
+    summary = load_committed_table(evolving, paths, "web.events").current_snapshot().summary.additional_properties
+    assert set(json.loads(summary[summary_keys.SCHEMA_CHANGE])) == {"meta", "score"}
+    key = names.table_key("web.events")
+    materialization = instance.get_latest_materialization_event(key).asset_materialization
+    assert set(materialization.metadata["schema_change"].value) == {"meta", "score"}
+    check = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, names.SCHEMA_CHECK))
+    assert check.status.value == "SUCCEEDED"
+    assert _rows(evolving, paths, "id", "score") == [(1, None), (2, 1.5)]
+
+    # A later value that does not fit the column's type is NULL; a new field is added again.
+    land_events(paths, evolving.stream("events"), [json.dumps({"id": 3, "score": "high", "tag": "t"})])
+    assert run_until_idle(build_definitions(evolving), instance, log=lambda _: None).failed == []
+    assert _rows(evolving, paths, "id", "score", "tag") == [(1, None, None), (2, 1.5, None), (3, None, "t")]
+    summary = load_committed_table(evolving, paths, "web.events").current_snapshot().summary.additional_properties
+    assert json.loads(summary[summary_keys.SCHEMA_CHANGE]) == {"tag": "string"}
+
+
+def test_the_first_committed_type_wins_for_batches_staged_with_different_types(evolving, paths):
+    spark = lakehouse_session(evolving, paths)
+    stream = evolving.stream("events")
+    for events in ([{"id": 1, "level": 5}], [{"id": 2, "level": "7"}, {"id": 3, "level": "loud"}]):
+        land_events(paths, stream, [json.dumps(event) for event in events])
+        batch, _ = mint_next_batch(evolving, paths, stream, drain=True)
+        stage_batch(spark, evolving, paths, stream, batch.sequence)
+
+    commit_table(spark, evolving, paths, "web.events", "test")
+
+    assert _columns(evolving, paths)["level"] == "long"
+    assert _rows(evolving, paths, "id", "level") == [(1, 5), (2, 7), (3, None)]
+
+
+def test_a_crash_after_the_schema_change_before_the_commit_loses_nothing(evolving, paths):
+    land_events(paths, evolving.stream("events"), [json.dumps({"id": 1, "kind": "a", "score": 2.5})])
+
+    crashed = run_lakehouse_process(["run", "--until-idle"], {faults.CRASH_ENV: faults.COMMITTER_AFTER_SCHEMA_CHANGE})
+
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
+    assert "score" in _columns(evolving, paths)
+    assert load_committed_table(evolving, paths, "web.events").current_snapshot() is None
+    restarted = run_lakehouse_process(["run", "--until-idle"])
+    assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
+    assert _rows(evolving, paths, "id", "kind", "score") == [(1, "a", 2.5)]
+    summary = load_committed_table(evolving, paths, "web.events").current_snapshot().summary.additional_properties
+    assert json.loads(summary[summary_keys.SCHEMA_CHANGE]) == {"score": "double"}
