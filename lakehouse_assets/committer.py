@@ -16,9 +16,9 @@ A committer pass over one table:
    its part is already done, so a crash between the two commits is completed, not repeated;
 5. decides whether a commit landed only by re-reading the ancestry, whatever the write call
    reported, and retries a conflicting commit itself after re-reading (Iceberg's own retry is off);
-6. records the bookkeeping. Staged Parquet is removed by the next pass, so this pass's checks can
-   read the batches; a batch whose Parquet is gone but which the ancestry no longer holds (a
-   rollback) is staged again from its landing files.
+6. records the bookkeeping. Staged Parquet is removed by the next pass, under the lock, so this
+   pass's checks (which read it holding the lock) can read the batches; a batch whose Parquet is
+   gone but which the ancestry no longer holds (a rollback) is staged again from its landing files.
 """
 
 from __future__ import annotations
@@ -393,11 +393,12 @@ def commit_table(
         expected_snapshot_id=table.current_snapshot().snapshot_id if table and table.current_snapshot() else None,
     )
     crash_point(faults.COMMITTER_BEFORE_LOCK)
-    for stream in streams:
-        _remove_published_attempts(StreamLedger(paths.staging(stream.name)))
     plans: list[CommitPlan] = []
     results: list[CommitResult] = []
     with exclusive_lock(table_lock_file(paths.locks, table_identifier)):
+        # Under the lock: the checks of another run read staged Parquet holding the same lock.
+        for stream in streams:
+            _remove_published_attempts(StreamLedger(paths.staging(stream.name)))
         try:
             ctx.check_fence()
             for stream in streams:

@@ -13,6 +13,7 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.duck import iceberg_connection
 from lakehouse_assets.lag import stream_lag_seconds
+from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets.tables import identifier_columns
 
@@ -203,14 +204,18 @@ def change_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.A
         snapshot = committed_snapshot(context, asset_key)
         config, paths = lakehouse.config(), lakehouse.paths()
         outcomes = []
-        for stream in streams:
-            stream = config.stream(stream.name)
-            keys = identifier_columns(config, paths, stream)
-            columns = [column.name for column in checks.snapshot_columns(snapshot)]
-            batches = _last_published_changes(lakehouse, stream)
-            outcomes.append(
-                checks.check_changes_applied(iceberg_connection(), snapshot.metadata_location, batches, keys, columns)
-            )
+        # The table lock keeps a concurrent committer pass from removing the staged Parquet being read.
+        with exclusive_lock(table_lock_file(paths.locks, table_identifier)):
+            for stream in streams:
+                stream = config.stream(stream.name)
+                keys = identifier_columns(config, paths, stream)
+                columns = [column.name for column in checks.snapshot_columns(snapshot)]
+                batches = _last_published_changes(lakehouse, stream)
+                outcomes.append(
+                    checks.check_changes_applied(
+                        iceberg_connection(), snapshot.metadata_location, batches, keys, columns
+                    )
+                )
         merged = checks.CheckOutcome(
             all(outcome.passed for outcome in outcomes),
             "; ".join(outcome.description for outcome in outcomes),
