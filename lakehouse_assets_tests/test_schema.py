@@ -13,15 +13,15 @@ from lakehouse_assets.config import load_config, parse_config
 from lakehouse_assets.conversion import REASON_COLUMN, convert_events
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
-from lakehouse_assets.duck import iceberg_connection, scan
 from lakehouse_assets.iceberg_types import parse_type, type_name
 from lakehouse_assets.inference import infer_type
 from lakehouse_assets.landing import land_events
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets.spark import lakehouse_session
-from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
+from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.conftest import write_config
+from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
 NAMES = st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True)
 SCALARS = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text()
@@ -115,16 +115,6 @@ NESTED = {
 }
 
 
-def _duckdb(config, paths, identifier, query_columns):
-    table = load_committed_table(config, paths, identifier)
-    location = current_metadata_location(config, paths, identifier)
-    return (
-        iceberg_connection()
-        .sql(f"SELECT {query_columns} FROM {scan(location, table.current_snapshot().snapshot_id)} ORDER BY 1")
-        .fetchall()
-    )
-
-
 @pytest.mark.spark
 def test_nested_columns_are_created_converted_recursively_and_checked(paths, tmp_path, monkeypatch, instance):
     write_config(tmp_path, {"streams": [NESTED]}, monkeypatch)
@@ -139,7 +129,7 @@ def test_nested_columns_are_created_converted_recursively_and_checked(paths, tmp
 
     assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
 
-    rows = _duckdb(config, paths, "crm.profiles", "id, address, tags, scores, visits")
+    rows = _duckdb_rows(config, paths, "crm.profiles", "id, address, tags, scores, visits")
     assert rows[0][:3] == (1, {"city": "Lyon", "zip": 69001, "geo": {"lat": 45.76, "lon": 4.83}}, ["a", "1"])
     assert rows[1][1] == {"city": "Oslo", "zip": None, "geo": None}
     assert {key: (float(value) if value is not None else None) for key, value in rows[1][3].items()} == {
@@ -151,7 +141,7 @@ def test_nested_columns_are_created_converted_recursively_and_checked(paths, tmp
         {"day": dt.date(2026, 11, 1), "pages": 3},
         {"day": dt.date(1970, 1, 1) + dt.timedelta(days=20394), "pages": None},
     ]
-    dead = _duckdb(config, paths, "crm.profiles_dead_letters", "reason")
+    dead = _duckdb_rows(config, paths, "crm.profiles_dead_letters", "reason")
     assert dead == [("missing required field 'id'",)]
     key = names.table_key("crm.profiles")
     record = instance.get_latest_asset_check_evaluation_record(
@@ -194,5 +184,5 @@ def test_a_table_without_declared_columns_is_created_from_the_first_batch(paths,
         "later": "long",
         "empty": "string",
     }
-    rows = _duckdb(config, paths, "web.clicks", "user, ok, ms, meta, later")
+    rows = _duckdb_rows(config, paths, "web.clicks", "user, ok, ms, meta, later")
     assert rows == [(7, True, 12.5, {"ua": "x", "dpr": 2}, None), (8, False, 3.0, {"ua": None, "dpr": None}, 1)]
