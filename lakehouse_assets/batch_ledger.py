@@ -62,6 +62,8 @@ class StagedBatch:
     deletes: int = 0
     new_columns: dict[str, str] = field(default_factory=dict)
     """Columns the batch's events have and the table lacked (schema evolution), with their types."""
+    routes: dict[str, int] = field(default_factory=dict)
+    """A router's batch: the events it routed to each table."""
 
 
 @dataclass(frozen=True)

@@ -50,15 +50,16 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from lakehouse_assets.definitions import build_definitions
-    from lakehouse_assets.runner import run_until_idle
+    from lakehouse_assets.runner import run_pipeline_until_idle
+    from lakehouse_assets.tables import require_static_tables
 
     if not args.until_idle:
         print("use `dagster dev` for a long-running pipeline, or `lakehouse run --until-idle`", file=sys.stderr)
         return 2
     paths = LakehousePaths.from_env()
+    require_static_tables(load_config(), paths)
     with dagster_instance(paths) as instance:
-        report = run_until_idle(build_definitions(load_config()), instance)
+        report = run_pipeline_until_idle(instance)
     print(f"idle: {len(report.succeeded)} runs succeeded, {len(report.failed)} failed")
     return 1 if report.failed else 0
 

@@ -38,10 +38,10 @@ from lakehouse_assets.completeness import count_late_events, next_watermark
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.conversion import accepted_rows
 from lakehouse_assets.dead_letters import (
-    dead_letter_identifier,
     dead_letter_rows,
     ensure_dead_letter_table,
     replace_dead_letters,
+    stream_dead_letter_identifier,
 )
 from lakehouse_assets.errors import CommitOutcomeUnknownError, FencedError, SequenceGapError
 from lakehouse_assets.faults import crash_point
@@ -190,10 +190,11 @@ def _ensure_staged_data(ctx: CommitterPass, stream: StreamSpec, record: BatchRec
     return ledger.batch(record.sequence)
 
 
-def _commit_dead_letters(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> int:
-    """Commit the batches' rejected events to the dead-letter table, and remove the dead letters
-    they replay, in one commit, unless the dead-letter table's ancestry has these batches."""
-    identifier = dead_letter_identifier(stream.table_identifier)
+def commit_dead_letters(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> int:
+    """Commit the batches' rejected events to the stream's dead-letter table, and remove the dead
+    letters they replay, in one commit, unless the dead-letter table's ancestry has these batches.
+    Returns how many events the batches rejected."""
+    identifier = stream_dead_letter_identifier(stream)
     directory = landing_dir(ctx.paths, stream)
     replays = {record.sequence: replayed_keys(directory, record.minted.files) for record in batches}
     count = sum(record.staged.rejected for record in batches)
@@ -278,7 +279,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
     identifier = stream.table_identifier
     started = time.monotonic()
     batches = [_ensure_staged_data(ctx, stream, record) for record in batches]
-    dead_letters = _commit_dead_letters(ctx, stream, batches)
+    dead_letters = commit_dead_letters(ctx, stream, batches)
     crash_point(faults.COMMITTER_AFTER_DEAD_LETTERS)
     spark = ctx.spark
     _evolve_schema(ctx, stream, batches)

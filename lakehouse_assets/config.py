@@ -26,6 +26,7 @@ from pydantic import (
 
 from lakehouse_assets.errors import ConfigError
 from lakehouse_assets.iceberg_types import IcebergType, parse_type, type_name
+from lakehouse_assets.paths import LakehousePaths
 
 CONFIG_ENV = "LAKEHOUSE_CONFIG"
 DEFAULT_CONFIG_FILE = "lakehouse.yaml"
@@ -37,6 +38,8 @@ DURATION_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 864
 IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 STREAM_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 OPERATION_POINTER = re.compile(r"^\$\{(/[A-Za-z0-9_]+)+\}$")
+TEMPLATE_POINTER = re.compile(r"\$\{((?:/[A-Za-z0-9_]+)+)\}")
+ROUTER_DEAD_LETTER_NAMESPACE = "lakehouse"
 OPERATION_NAMES = {"index", "insert", "create", "c", "i", "r", "update", "u", "delete", "d"}
 
 
@@ -216,6 +219,8 @@ class StreamSpec(_Strict):
     max_uncommitted_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
     """Backpressure: no new batch is cut while minted or staged but uncommitted batches hold this
     many landing bytes; landing keeps accepting events."""
+    routed_from: str | None = None
+    """Set on the streams that dynamic routing derives (one per resolved table); not a config key."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -240,11 +245,15 @@ class StreamSpec(_Strict):
 
     @field_validator("table_identifier")
     @classmethod
-    def _static_identifier(cls, value: str) -> str:
+    def _identifier_or_template(cls, value: str) -> str:
         if "${" in value:
-            raise ValueError("dynamic table identifiers are not supported yet; name one table")
-        parts = value.split(".")
-        if len(parts) < 2 or not all(IDENTIFIER_PART.match(part) for part in parts):
+            if not TEMPLATE_POINTER.search(value) or "${" in TEMPLATE_POINTER.sub("", value):
+                raise ValueError(
+                    f"{value!r} is not a table expression; use JSON pointers such as '${{/source/table}}' "
+                    "or 'sales.${/table}'"
+                )
+            return value
+        if not is_table_identifier(value):
             raise ValueError(f"{value!r} is not of the form namespace.table")
         return value
 
@@ -259,6 +268,19 @@ class StreamSpec(_Strict):
         if match is None and value.strip().lower() not in OPERATION_NAMES:
             raise ValueError(f"constant operation {value!r} is not one of {', '.join(sorted(OPERATION_NAMES))}")
         return value
+
+    @model_validator(mode="after")
+    def _routing_infers_each_schema(self) -> StreamSpec:
+        if not self.is_router:
+            return self
+        if self.table_schema.columns:
+            raise ValueError(
+                "schema.columns: a dynamic table_identifier routes to tables with different schemas; "
+                "remove schema.columns (each table's schema is inferred from its first batch)"
+            )
+        if self.table_location:
+            raise ValueError("table_location: a dynamic table_identifier routes to several tables; remove it")
+        return self
 
     @model_validator(mode="after")
     def _event_time_column_declared(self) -> StreamSpec:
@@ -308,6 +330,16 @@ class StreamSpec(_Strict):
         return self.operation is not None or self.is_debezium
 
     @property
+    def is_router(self) -> bool:
+        """True when ``table_identifier`` is an expression: the stream routes each event to a table."""
+        return "${" in self.table_identifier
+
+    @property
+    def router_dead_letter_identifier(self) -> str:
+        """Where a router puts the events it cannot route: ``lakehouse.<stream>_dead_letters``."""
+        return f"{ROUTER_DEAD_LETTER_NAMESPACE}.{self.name}_dead_letters"
+
+    @property
     def namespace(self) -> str:
         return self.table_identifier.rsplit(".", 1)[0]
 
@@ -339,6 +371,14 @@ class LakehouseConfig(_Strict):
             return {str(key): str(item) for key, item in value.items()}
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_routed_from(cls, raw: Any) -> Any:
+        for stream in (raw.get("streams") or []) if isinstance(raw, dict) else []:
+            if isinstance(stream, dict) and "routed_from" in stream:
+                raise ValueError(f"stream {stream.get('name')!r}: routed_from: set by routing, not a configuration key")
+        return raw
+
     @model_validator(mode="after")
     def _unique_streams(self) -> LakehouseConfig:
         names = [stream.name for stream in self.streams]
@@ -368,11 +408,53 @@ class LakehouseConfig(_Strict):
         return self.tables()[table_identifier][0].maintenance
 
     def tables(self) -> dict[str, list[StreamSpec]]:
-        """Each target table identifier with the streams that write it."""
+        """Each target table identifier with the streams that write it (routers write none themselves)."""
         by_table: dict[str, list[StreamSpec]] = {}
         for stream in self.streams:
-            by_table.setdefault(stream.table_identifier, []).append(stream)
+            if not stream.is_router:
+                by_table.setdefault(stream.table_identifier, []).append(stream)
         return by_table
+
+    def routers(self) -> list[StreamSpec]:
+        """The streams whose ``table_identifier`` is an expression."""
+        return [stream for stream in self.streams if stream.is_router]
+
+    def with_routes(self, routes: Path) -> LakehouseConfig:
+        """This configuration plus one derived stream per table a router has routed events to.
+
+        ``routes/<router>/<table>/`` holds the events routed to ``<table>``; the derived stream
+        ``<router>__<namespace>__<table>`` reads them like a landing directory and writes the table
+        with the router's settings.
+        """
+        derived = []
+        for router in self.routers():
+            directory = routes / router.name
+            tables = sorted(entry.name for entry in directory.iterdir() if entry.is_dir()) if directory.is_dir() else []
+            derived.extend(routed_stream(router, table, directory / table) for table in tables)
+        return self.model_copy(update={"streams": [*self.streams, *derived]}) if derived else self
+
+
+def is_table_identifier(value: str) -> bool:
+    """True for ``namespace.table`` (or deeper namespaces) made of identifier parts."""
+    parts = value.split(".")
+    return len(parts) >= 2 and all(IDENTIFIER_PART.match(part) for part in parts)
+
+
+def routed_stream_name(router: str, table_identifier: str) -> str:
+    return f"{router}__{table_identifier.replace('.', '__')}"
+
+
+def routed_stream(router: StreamSpec, table_identifier: str, route_directory: Path) -> StreamSpec:
+    """The stream that commits the events ``router`` routed to ``table_identifier``."""
+    landing = (router.source.landing or LandingSourceSpec()).model_copy(update={"path": str(route_directory)})
+    return router.model_copy(
+        update={
+            "name": routed_stream_name(router.name, table_identifier),
+            "table_identifier": table_identifier,
+            "source": SourceSpec(landing=landing),
+            "routed_from": router.name,
+        }
+    )
 
 
 def _describe_error(raw: Any, error: dict[str, Any]) -> str:
@@ -415,7 +497,8 @@ def config_path() -> Path | None:
 
 
 def load_config() -> LakehouseConfig:
-    """Load and validate the configuration, or the packaged demo configuration when there is none."""
+    """Load and validate the configuration, or the packaged demo configuration when there is none,
+    with a stream for every table the routers have routed events to so far."""
     path = config_path()
     if path is None:
         text = resources.files("lakehouse_assets").joinpath(DEMO_CONFIG_RESOURCE).read_text()
@@ -427,4 +510,4 @@ def load_config() -> LakehouseConfig:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"{origin} is not valid YAML: {error}") from None
-    return parse_config(raw, origin)
+    return parse_config(raw, origin).with_routes(LakehousePaths.from_env().routes)

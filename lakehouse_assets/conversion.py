@@ -202,13 +202,28 @@ def staged_events(converted: DataFrame, table_schema: T.StructType, identifier_c
 def accepted_rows(staged: DataFrame, table_schema: T.StructType) -> DataFrame:
     """The staged rows to publish, with their operation, as the table's columns: cast to the
     table's types (a column added by another batch first keeps its type) and NULL where the
-    batch has no such column."""
-    present = set(staged.columns)
+    batch has no such column or struct field."""
+    present = {field.name: field.dataType for field in staged.schema}
     columns = [
-        (F.col(f"`{field.name}`") if field.name in present else F.lit(None)).cast(field.dataType).alias(field.name)
+        _aligned(F.col(f"`{field.name}`"), present.get(field.name), field.dataType).alias(field.name)
         for field in table_schema
     ]
     return staged.where(F.col(REASON_COLUMN).isNull()).select(*columns, F.col(OPERATION_COLUMN))
+
+
+def _aligned(column: Column, staged_type: T.DataType | None, table_type: T.DataType) -> Column:
+    """``column`` (staged as ``staged_type``, None when absent) as ``table_type``; struct fields
+    are matched by name, so a struct staged before a field was added gets NULL in it."""
+    if staged_type is None:
+        return F.lit(None).cast(table_type)
+    if isinstance(table_type, T.StructType) and isinstance(staged_type, T.StructType):
+        staged_fields = {field.name: field.dataType for field in staged_type}
+        fields = [
+            _aligned(column.getField(field.name), staged_fields.get(field.name), field.dataType).alias(field.name)
+            for field in table_type
+        ]
+        return F.when(column.isNotNull(), F.struct(*fields))
+    return column.cast(table_type)
 
 
 def rejected_events(staged: DataFrame) -> DataFrame:

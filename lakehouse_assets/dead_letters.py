@@ -9,6 +9,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakehouse_assets.batch_ledger import BatchRecord
+from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.conversion import rejected_events
 from lakehouse_assets.table_writes import run_with_commit_properties
 from lakehouse_assets.tables import MANAGED_TABLE_PROPERTIES, qualified_name
@@ -33,9 +34,15 @@ def dead_letter_identifier(table_identifier: str) -> str:
     return f"{table_identifier}{DEAD_LETTER_SUFFIX}"
 
 
+def stream_dead_letter_identifier(stream: StreamSpec) -> str:
+    """Where a stream's rejected events go: next to its table, or the router's own table."""
+    return stream.router_dead_letter_identifier if stream.is_router else dead_letter_identifier(stream.table_identifier)
+
+
 def ensure_dead_letter_table(spark: SparkSession, identifier: str) -> None:
     """Create the dead-letter table if needed (format v2, Iceberg's own commit retry off)."""
     properties = ", ".join(f"'{k}' = '{v}'" for k, v in {"format-version": "2", **MANAGED_TABLE_PROPERTIES}.items())
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified_name(identifier.rsplit('.', 1)[0])}")
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {qualified_name(identifier)} ("
         "event string, reason string, stream string, batch_sequence bigint, source_file string, "

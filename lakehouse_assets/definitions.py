@@ -6,12 +6,14 @@ import dagster as dg
 
 from lakehouse_assets.config import LakehouseConfig, load_config
 from lakehouse_assets.defs import names
-from lakehouse_assets.defs.assets import complete_days_asset, staged_batches_asset, table_asset
+from lakehouse_assets.defs.assets import complete_days_asset, router_asset, staged_batches_asset, table_asset
 from lakehouse_assets.defs.checks import table_checks
 from lakehouse_assets.defs.freshness import freshness_job, freshness_schedules
 from lakehouse_assets.defs.maintenance import maintenance_job, maintenance_schedules
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import landing_sensor, staged_batches_sensor
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.tables import require_static_tables
 
 
 def build_definitions(config: LakehouseConfig) -> dg.Definitions:
@@ -21,8 +23,9 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
     asset_checks: list[dg.AssetChecksDefinition] = []
     jobs = []
     sensors: list[dg.SensorDefinition] = []
+    loaded_tables = frozenset(config.tables())
     for stream in config.streams:
-        assets.append(staged_batches_asset(stream))
+        assets.append(router_asset(stream, loaded_tables) if stream.is_router else staged_batches_asset(stream))
         jobs.append(
             dg.define_asset_job(
                 names.stage_job_name(stream.name),
@@ -56,4 +59,12 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
     )
 
 
-defs = build_definitions(load_config())
+def load_definitions() -> dg.Definitions:
+    """The code location: fails to load, naming them, when static tables are missing and may not be
+    created (``auto_create: false``), as the sink RFC requires at startup."""
+    config = load_config()
+    require_static_tables(config, LakehousePaths.from_env())
+    return build_definitions(config)
+
+
+defs = load_definitions()

@@ -92,8 +92,9 @@ def mint_next_batch(
     ledger = StreamLedger(paths.staging(stream.name))
     with exclusive_lock(stream_lock_file(paths.locks, stream.name)):
         now = time.time() if now is None else now
-        table = load_committed_table(config, paths, stream.table_identifier)
-        committed = committed_state(table, stream.name).sequence
+        # A router commits only its unroutable events, to its dead-letter table.
+        progress = stream.router_dead_letter_identifier if stream.is_router else stream.table_identifier
+        committed = committed_state(load_committed_table(config, paths, progress), stream.name).sequence
         held_back = backpressure(ledger, stream, committed)
         if held_back:
             return None, held_back

@@ -35,6 +35,11 @@ class LakehousePaths:
         return self.home / "staging" / stream
 
     @property
+    def routes(self) -> Path:
+        """Events routed by dynamic ``table_identifier`` streams: ``routes/<stream>/<table>/``."""
+        return self.home / "routes"
+
+    @property
     def locks(self) -> Path:
         return self.home / "state" / "locks"
 

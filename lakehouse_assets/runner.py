@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
+from lakehouse_assets.config import load_config
 from lakehouse_assets.defs.resources import LakehouseResource
 
 RUN_KEY_TAG = "dagster/run_key"
@@ -28,6 +29,7 @@ IN_PROGRESS_STATUSES = [
     dg.DagsterRunStatus.CANCELING,
 ]
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+UNTIL_IDLE_RESOURCES = {"resources": {"lakehouse": {"config": {"until_idle": True}}}}
 
 
 @dataclass
@@ -106,6 +108,26 @@ def run_job(
     )
 
 
+def run_pipeline_until_idle(instance: dg.DagsterInstance, log: Callable[[str], None] = print) -> IdleRunReport:
+    """``run_until_idle`` over definitions rebuilt from the configuration until routing finds no
+    new table: a table a router found for the first time gets its own stream, sensors and checks."""
+    from lakehouse_assets.definitions import build_definitions
+
+    report = IdleRunReport()
+    loaded: list[str] = []
+    while True:
+        config = load_config()
+        streams = [stream.name for stream in config.streams]
+        if streams == loaded:
+            return report
+        if loaded:
+            log(f"routing found new tables; reloading definitions with streams {sorted(set(streams) - set(loaded))}")
+        loaded = streams
+        rounds = run_until_idle(build_definitions(config), instance, log)
+        report.succeeded.extend(rounds.succeeded)
+        report.failed.extend(rounds.failed)
+
+
 def run_until_idle(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
@@ -137,7 +159,7 @@ def run_until_idle(
                 tags = {**request.tags, SENSOR_NAME_TAG: sensor.name}
                 if request.run_key:
                     tags[RUN_KEY_TAG] = request.run_key
-                result = run_job(job, instance, request.run_config, tags)
+                result = run_job(job, instance, {**request.run_config, **UNTIL_IDLE_RESOURCES}, tags)
                 label = f"{job.name} ({request.run_key or 'no run key'}) run {result.run_id}"
                 (report.succeeded if result.success else report.failed).append(label)
                 log(("ok     " if result.success else "FAILED ") + label)

@@ -14,7 +14,7 @@ from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
 from lakehouse_assets import faults
-from lakehouse_assets.batch_ledger import EVENTS_DIR, StagedBatch, StreamLedger
+from lakehouse_assets.batch_ledger import EVENTS_DIR, BatchRecord, StagedBatch, StreamLedger
 from lakehouse_assets.change_events import DELETE
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.conversion import (
@@ -48,6 +48,34 @@ class StagingOutcome:
     bytes: int
 
 
+def minted_record(
+    ledger: StreamLedger, stream: StreamSpec, sequence: int, expected_files: list[str] | None
+) -> BatchRecord:
+    """The ledger record of a minted batch; LakehouseError when it was never minted or when
+    ``expected_files`` (what a run was asked to stage) differ from its files."""
+    record = ledger.batch(sequence)
+    if record is None:
+        raise LakehouseError(f"stream {stream.name!r}: batch {sequence} was never minted")
+    if expected_files is not None and list(expected_files) != list(record.minted.files):
+        raise LakehouseError(
+            f"stream {stream.name!r}: batch {sequence} holds {len(record.minted.files)} files in the ledger, "
+            f"but the run asked for {len(expected_files)} different files"
+        )
+    return record
+
+
+def landing_files(paths: LakehousePaths, stream: StreamSpec, record: BatchRecord) -> list[str]:
+    """The batch's landing files; LakehouseError when one has disappeared."""
+    directory = landing_dir(paths, stream)
+    missing = [name for name in record.minted.files if not (directory / name).is_file()]
+    if missing:
+        raise LakehouseError(
+            f"stream {stream.name!r}: batch {record.sequence} lost {len(missing)} landing files, "
+            f"e.g. {directory / missing[0]}; landing files must never be removed before commit"
+        )
+    return [str(directory / name) for name in record.minted.files]
+
+
 def stage_batch(
     spark: SparkSession,
     config: LakehouseConfig,
@@ -63,26 +91,12 @@ def stage_batch(
     minted files, or when a landing file has disappeared.
     """
     ledger = StreamLedger(paths.staging(stream.name))
-    record = ledger.batch(sequence)
-    if record is None:
-        raise LakehouseError(f"stream {stream.name!r}: batch {sequence} was never minted")
+    record = minted_record(ledger, stream, sequence, expected_files)
     minted = record.minted
-    if expected_files is not None and list(expected_files) != list(minted.files):
-        raise LakehouseError(
-            f"stream {stream.name!r}: batch {sequence} holds {len(minted.files)} files in the ledger, "
-            f"but the run asked for {len(expected_files)} different files"
-        )
     if record.staged:
         return StagingOutcome(record.staged, False, len(minted.files), minted.bytes)
 
-    directory = landing_dir(paths, stream)
-    missing = [name for name in minted.files if not (directory / name).is_file()]
-    if missing:
-        raise LakehouseError(
-            f"stream {stream.name!r}: batch {sequence} lost {len(missing)} landing files, "
-            f"e.g. {directory / missing[0]}; landing files must never be removed before commit"
-        )
-    lines = read_landing_lines(spark, [str(directory / name) for name in minted.files])
+    lines = read_landing_lines(spark, landing_files(paths, stream, record))
     # Read only when the table must be created without declared columns (schema inference).
     sample = lines.select(EVENT_COLUMN).limit(SAMPLE_EVENTS)
     ensure_table(spark, config, paths, stream, sample_lines=lambda: [row[0] for row in sample.collect()])

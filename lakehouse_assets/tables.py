@@ -95,6 +95,20 @@ def ensure_table(
     return True
 
 
+def require_static_tables(config: LakehouseConfig, paths: LakehousePaths) -> None:
+    """Raise TableNotFoundError naming every static table that is missing and may not be created."""
+    missing = [
+        f"{table} (streams {', '.join(stream.name for stream in streams)})"
+        for table, streams in config.tables().items()
+        if not any(stream.auto_create for stream in streams) and current_metadata_location(config, paths, table) is None
+    ]
+    if missing:
+        raise TableNotFoundError(
+            f"tables that do not exist and have auto_create: false: {'; '.join(missing)}; "
+            "create them, or set auto_create: true (with schema.columns, or inferred from the first batch)"
+        )
+
+
 def identifier_columns(config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec) -> list[str]:
     """The key columns of a stream that applies changes: configured, else the table's identifier fields.
 

@@ -1,21 +1,25 @@
-"""The staged-batches asset of each stream (the writer) and the Iceberg table asset (the committer)."""
+"""The staged-batches asset of each stream (the writer or router) and the Iceberg table asset (the committer)."""
 
 from collections.abc import Iterator
 from datetime import date, timedelta
 
 import dagster as dg
 from pyiceberg.table import Table
+from pyspark.sql import SparkSession
 
+from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.committer import CommitPass, CommitResult, commit_table
 from lakehouse_assets.completeness import complete_days, table_watermark
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config import StreamSpec, routed_stream_name
 from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import SequenceGapError
 from lakehouse_assets.lag import stream_lag_seconds
+from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.recovery import table_history
-from lakehouse_assets.staging import stage_batch
+from lakehouse_assets.routing import route_batches
+from lakehouse_assets.staging import minted_record, stage_batch
 from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets.table_stats import table_stats
 
@@ -70,6 +74,81 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
         )
 
     return staged_batches
+
+
+def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.AssetsDefinition:
+    """The writer of a stream with a dynamic ``table_identifier``: routes each minted batch to one
+    derived stream per table. ``loaded_tables`` are the tables these definitions have committers for."""
+
+    @dg.asset(
+        key=names.staged_batches_key(stream.name),
+        group_name=names.GROUP_NAME,
+        kinds={"spark"},
+        description=(
+            f"Batches of stream `{stream.name}` routed by `{stream.table_identifier}`, one derived stream per table."
+        ),
+    )
+    def routed_batches(
+        context: dg.AssetExecutionContext,
+        config: StagedBatchConfig,
+        lakehouse: LakehouseResource,
+        spark: SparkResource,
+    ) -> dg.MaterializeResult:
+        settings, paths = lakehouse.config(), lakehouse.paths()
+        router = settings.stream(stream.name)
+        minted_record(StreamLedger(paths.staging(stream.name)), router, config.sequence, config.files)
+        session = spark.session(lakehouse)
+        routed = route_batches(session, settings, paths, router, config.sequence, context.run.run_id)
+        events: dict[str, int] = {}
+        for batch in routed:
+            context.log.info(f"batch {batch.sequence}: routed {batch.routes}, {batch.rejected} to the dead letters")
+            for table, count in batch.routes.items():
+                events[table] = events.get(table, 0) + count
+        new_tables = sorted(set(events) - loaded_tables)
+        if new_tables and not lakehouse.until_idle:
+            _commit_new_routes(context, lakehouse, session, router, new_tables)
+        return dg.MaterializeResult(
+            metadata={
+                "sequence": config.sequence,
+                "batches_routed": len(routed),
+                "events_routed": dg.JsonMetadataValue(events),
+                "rejected": sum(batch.rejected for batch in routed),
+                "dead_letter_table": router.router_dead_letter_identifier,
+                "new_tables": dg.JsonMetadataValue(new_tables),
+            }
+        )
+
+    return routed_batches
+
+
+def _commit_new_routes(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    session: SparkSession,
+    router: StreamSpec,
+    tables: list[str],
+) -> None:
+    """Stage and commit the routes to tables the loaded definitions have no committer for yet.
+
+    Dagster cannot add sensors to a loaded code location, so until it is reloaded this run commits
+    the new tables itself and reports their materializations; the derived streams' ledgers, locks
+    and fencing make this safe next to any other committer.
+    """
+    config, paths = lakehouse.config(), lakehouse.paths()
+    for table in tables:
+        context.log.warning(
+            f"{table} is a new routed table: committed by this run; reload the code location to give it "
+            "its own sensors, checks and maintenance"
+        )
+        stream = config.stream(routed_stream_name(router.name, table))
+        while mint_next_batch(config, paths, stream, drain=True)[0] is not None:
+            pass
+        for record in StreamLedger(paths.staging(stream.name)).batches():
+            if record.staged is None:
+                stage_batch(session, config, paths, stream, record.sequence, run_id=context.run.run_id)
+        outcome = commit_table(session, config, paths, table, context.run.run_id)
+        for result in outcome.results:
+            context.log_event(dg.AssetMaterialization(names.table_key(table), metadata=commit_metadata(result)))
 
 
 def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:

@@ -16,7 +16,8 @@ class LakehouseResource(dg.ConfigurableResource):
     until_idle: bool = False
     """Set by ``lakehouse run --until-idle``, which runs every request synchronously itself: cut
     every pending event into batches regardless of the flush triggers, commit regardless of
-    ``commit_interval``, and do not wait for runs that other processes left in progress."""
+    ``commit_interval``, do not wait for runs that other processes left in progress, and leave new
+    routed tables to the definitions it rebuilds."""
 
     def paths(self) -> LakehousePaths:
         return LakehousePaths.from_env()

@@ -52,7 +52,9 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
         config, paths = lakehouse.config(), lakehouse.paths()
         current = config.stream(stream.name)
         ledger = StreamLedger(paths.staging(stream.name))
-        requests = [writer_run_request(r.minted) for r in ledger.batches() if r.staged is None]
+        # A router's batch is done once routed and its unroutable events committed, not when staged.
+        unfinished = [r for r in ledger.batches() if (r.committed if current.is_router else r.staged) is None]
+        requests = [writer_run_request(r.minted) for r in unfinished]
         reason = "no minted batch waits for staging"
         for _ in range(MAX_BATCHES_PER_TICK):
             batch, reason = mint_next_batch(config, paths, current, drain=lakehouse.until_idle)
