@@ -81,7 +81,7 @@ def _rejection_reason(template: str, missing_tables: list[str]) -> Column:
         route.contains("__") | route.endswith(DEAD_LETTER_SUFFIX) | route.startswith(ROUTER_DEAD_LETTER_NAMESPACE + ".")
     )
     return (
-        F.when(F.get_json_object(F.col(EVENT_COLUMN), "$").isNull(), F.lit("event is not a JSON object"))
+        F.when(F.get_json_object(F.col(EVENT_COLUMN), "$").isNull(), F.lit("not a JSON object"))
         .when(route.isNull(), F.lit(prefix + "a field it points to is missing or null"))
         .when(~route.rlike(ROUTED_IDENTIFIER), F.concat(F.lit(prefix + "'"), route, F.lit("' is not namespace.table")))
         .when(

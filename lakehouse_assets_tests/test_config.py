@@ -69,6 +69,15 @@ def test_packaged_demo_config_is_used_without_a_file(monkeypatch, tmp_path):
             "completeness: needs a timestamp column",
         ),
         ({"completeness": {"start_date": "January"}}, "stream 'orders': completeness.start_date: Input should be"),
+        (
+            {"table_identifier": "${/source/table}"},
+            "stream 'orders': schema.columns: a dynamic table_identifier routes to tables with different schemas",
+        ),
+        (
+            {"table_identifier": "sales.${source.table}", "schema": {}},
+            "table_identifier: 'sales.${source.table}' is not a table expression",
+        ),
+        ({"routed_from": "other"}, "stream 'orders': routed_from: set by routing, not a configuration key"),
     ],
 )
 def test_invalid_keys_are_named_with_their_stream(change, message):
@@ -118,3 +127,21 @@ def test_change_streams_accept_operation_pointers_constants_and_debezium():
     assert parse_config({"streams": [debezium]}).stream("orders").is_debezium
     existing_table = {**ORDERS_STREAM, "auto_create": False, "operation": "${/op}"}
     assert parse_config({"streams": [existing_table]}).stream("orders").identifier_columns is None
+
+
+def test_each_routed_table_becomes_a_stream_with_the_routers_settings(tmp_path):
+    router = {**ORDERS_STREAM, "name": "events", "table_identifier": "${/db}.${/table}", "schema": {}}
+    config = parse_config({"streams": [router]})
+    assert config.tables() == {} and [stream.name for stream in config.routers()] == ["events"]
+    (tmp_path / "events" / "shop.orders").mkdir(parents=True)
+
+    routed = config.with_routes(tmp_path)
+
+    stream = routed.stream("events__shop__orders")
+    assert (stream.table_identifier, stream.routed_from, stream.flush) == (
+        "shop.orders",
+        "events",
+        config.streams[0].flush,
+    )
+    assert stream.source.landing.path == str(tmp_path / "events" / "shop.orders")
+    assert list(routed.tables()) == ["shop.orders"]

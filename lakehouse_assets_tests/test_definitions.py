@@ -5,8 +5,11 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
-from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.definitions import build_definitions, load_definitions
+from lakehouse_assets.errors import TableNotFoundError
+from lakehouse_assets_tests.conftest import ORDERS_STREAM, write_config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,3 +55,10 @@ def test_asset_check_job_and_sensor_names_are_pinned(config):
         "orders_landing_sensor",
         "sales_orders_staged_batches_sensor",
     }
+
+
+def test_a_missing_table_that_may_not_be_created_stops_the_code_location_loading(lakehouse_home, tmp_path, monkeypatch):
+    write_config(tmp_path, {"streams": [{**ORDERS_STREAM, "auto_create": False}]}, monkeypatch)
+
+    with pytest.raises(TableNotFoundError, match=r"sales\.orders \(streams orders\)"):
+        load_definitions()

@@ -3,15 +3,25 @@ accounted for in a table or a dead-letter table."""
 
 import json
 import shutil
+import signal
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
+from lakehouse_assets import faults, summary_keys
 from lakehouse_assets.config import load_config
-from lakehouse_assets.landing import landing_dir
-from lakehouse_assets.runner import run_pipeline_until_idle
+from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.defs import names
+from lakehouse_assets.defs.sensors import writer_run_request
+from lakehouse_assets.landing import land_events, landing_dir
+from lakehouse_assets.micro_batching import mint_next_batch
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.runner import run_job, run_pipeline_until_idle
+from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.conftest import write_config
+from lakehouse_assets_tests.fault_injection.pipeline import run_pipeline_process
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
 pytestmark = pytest.mark.spark
@@ -48,24 +58,36 @@ def table_rows(config, paths, identifier: str) -> list[dict]:
     return table.scan().to_arrow().to_pylist() if table else []
 
 
-def test_messy_events_route_to_auto_created_tables_and_every_event_is_accounted_for(routed, paths, instance):
-    drop_landing_files(routed, paths, "messy_events_1.ndjson", "messy_events_2.ndjson")
+MESSY_FILES = ("messy_events_1.ndjson", "messy_events_2.ndjson")
+MESSY_TABLES = {"shop.orders": 7, "shop.customers": 4, "web.page_views": 4, "web.signups": 2}
 
-    report = run_pipeline_until_idle(instance, log=lambda _: None)
 
-    assert report.failed == []
-    tables = {"shop.orders": 7, "shop.customers": 4, "web.page_views": 4, "web.signups": 2}
-    rows = {identifier: table_rows(routed, paths, identifier) for identifier in tables}
-    assert {identifier: len(found) for identifier, found in rows.items()} == tables
-    dead_letters = table_rows(routed, paths, ROUTER_DEAD_LETTERS)
-    landed = [line for name in ("messy_events_1.ndjson", "messy_events_2.ndjson") for line in (FIXTURES / name).open()]
+def assert_every_messy_event_is_accounted_for(config, paths) -> dict[str, list[dict]]:
+    """Each fixture event is in exactly one table or in the router's dead letters; returns the rows."""
+    rows = {identifier: table_rows(config, paths, identifier) for identifier in MESSY_TABLES}
+    assert {identifier: len(found) for identifier, found in rows.items()} == MESSY_TABLES
+    dead_letters = table_rows(config, paths, ROUTER_DEAD_LETTERS)
+    landed = [line for name in MESSY_FILES for line in (FIXTURES / name).open()]
     placed = sorted(row["event_id"] for found in rows.values() for row in found)
     rejected = sorted(json.loads(row["event"])["event_id"] for row in dead_letters if row["event"].startswith("{"))
     assert sorted(placed + rejected) == [json.loads(line)["event_id"] for line in landed if line.startswith("{")]
     assert len(dead_letters) == 5 and len(set(placed)) == len(placed)
-    reasons = {row["source_line"]: row["reason"] for row in dead_letters}
+    # DuckDB, an independent reader, sees the same tables through the Iceberg metadata.
+    for identifier, count in MESSY_TABLES.items():
+        assert _duckdb_rows(config, paths, identifier, "count(*)") == [(count,)]
+    return rows
+
+
+def test_messy_events_route_to_auto_created_tables_and_every_event_is_accounted_for(routed, paths, instance):
+    drop_landing_files(routed, paths, *MESSY_FILES)
+
+    report = run_pipeline_until_idle(instance, log=lambda _: None)
+
+    assert report.failed == []
+    rows = assert_every_messy_event_is_accounted_for(routed, paths)
+    reasons = {row["source_line"]: row["reason"] for row in table_rows(routed, paths, ROUTER_DEAD_LETTERS)}
     assert "a field it points to is missing" in reasons[6] and "not namespace.table" in reasons[8]
-    assert reasons[11] == "event is not a JSON object"
+    assert reasons[11] == "not a JSON object"
 
     orders = {row["order_id"]: row for row in rows["shop.orders"]}
     assert orders[1002]["amount"] == pytest.approx(19.99) and orders[1003]["amount"] is None
@@ -79,7 +101,76 @@ def test_messy_events_route_to_auto_created_tables_and_every_event_is_accounted_
     }
     signups = {row["email"]: row for row in rows["web.signups"]}
     assert signups["d@example.com"]["utm"] == {"source": "ads", "campaign": "bf"}
+    # Each routed table has its own commits and checks in Dagster.
+    for identifier in MESSY_TABLES:
+        key = names.table_key(identifier)
+        assert instance.get_latest_materialization_event(key) is not None
+        check = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, names.ROW_COUNT_CHECK))
+        assert check.status.value == "SUCCEEDED", identifier
+    change = load_committed_table(routed, paths, "shop.customers").current_snapshot().summary.additional_properties
+    assert json.loads(change[summary_keys.SCHEMA_CHANGE]) == {"address.zip": "string", "vip": "boolean"}
 
-    # DuckDB, an independent reader, sees the same tables through the Iceberg metadata.
-    for identifier, count in tables.items():
-        assert _duckdb_rows(routed, paths, identifier, "count(*)") == [(count,)]
+
+@pytest.mark.parametrize("crash_at", [faults.ROUTER_DURING_PUBLISH, faults.ROUTER_AFTER_DEAD_LETTERS])
+def test_a_router_killed_mid_batch_routes_every_event_once_on_restart(routed, paths, crash_at):
+    drop_landing_files(routed, paths, *MESSY_FILES)
+
+    crashed = run_pipeline_process({faults.CRASH_ENV: crash_at})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
+    restarted = run_pipeline_process()
+
+    assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
+    assert_every_messy_event_is_accounted_for(load_config(), paths)
+
+
+CHANGES = {
+    "name": "cdc",
+    "table_identifier": "crm.${/table}",
+    "operation": "${/op}",
+    "identifier_columns": ["id"],
+    "commit_interval": "0s",
+    "flush": {"max_bytes": 1},
+}
+
+
+def test_routed_changes_apply_in_order_and_a_missing_table_is_a_dead_letter(
+    lakehouse_home, tmp_path, monkeypatch, paths
+):
+    write_config(tmp_path, {"streams": [CHANGES]}, monkeypatch)
+    config, paths = load_config(), LakehousePaths.from_env()
+    spark = lakehouse_session(config, paths)
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.crm")
+    spark.sql("CREATE TABLE lake.crm.accounts (id bigint NOT NULL, name string) USING iceberg")
+    stream = config.stream("cdc")
+    change = lambda op, key, **row: json.dumps({"table": "accounts", "op": op, "id": key, **row})  # noqa: E731
+    land_events(paths, stream, [change("c", 1, name="a"), change("c", 2, name="b"), change("u", 1, name="a2")])
+    land_events(paths, stream, [json.dumps({"table": "missing", "op": "c", "id": 9})])
+    land_events(paths, stream, [change("d", 2), change("u", 1, name="a3"), change("c", 3, name="c")])
+
+    with dg.DagsterInstance.get() as instance:
+        assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
+
+    assert sorted((row["id"], row["name"]) for row in table_rows(config, paths, "crm.accounts")) == [
+        (1, "a3"),
+        (3, "c"),
+    ]
+    [dead_letter] = table_rows(config, paths, "lakehouse.cdc_dead_letters")
+    assert (
+        dead_letter["reason"]
+        == "table_identifier crm.${/table}: table crm.missing does not exist and auto_create is false"
+    )
+    assert load_committed_table(config, paths, "crm.missing") is None
+
+
+def test_a_table_found_after_the_code_location_loaded_is_committed_by_the_router_run(routed, paths, instance):
+    definitions = build_definitions(routed)  # loaded before any event was routed: no committer for shop.orders
+    stream = routed.stream("app_events")
+    land_events(paths, stream, [json.dumps({"source": {"db": "shop", "table": "orders"}, "order_id": 1})])
+    batch, _ = mint_next_batch(routed, paths, stream, drain=True)
+
+    result = run_job(definitions.resolve_job_def("app_events_stage_job"), instance, writer_run_request(batch).run_config)
+
+    assert result.success
+    assert [row["order_id"] for row in table_rows(routed, paths, "shop.orders")] == [1]
+    materialization = instance.get_latest_materialization_event(names.table_key("shop.orders")).asset_materialization
+    assert materialization.metadata["rows"].value == 1
