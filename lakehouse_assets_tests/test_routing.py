@@ -168,7 +168,9 @@ def test_a_table_found_after_the_code_location_loaded_is_committed_by_the_router
     land_events(paths, stream, [json.dumps({"source": {"db": "shop", "table": "orders"}, "order_id": 1})])
     batch, _ = mint_next_batch(routed, paths, stream, drain=True)
 
-    result = run_job(definitions.resolve_job_def("app_events_stage_job"), instance, writer_run_request(batch).run_config)
+    result = run_job(
+        definitions.resolve_job_def("app_events_stage_job"), instance, writer_run_request(batch).run_config
+    )
 
     assert result.success
     assert [row["order_id"] for row in table_rows(routed, paths, "shop.orders")] == [1]
