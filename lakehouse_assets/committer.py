@@ -50,7 +50,7 @@ from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import committed_state, lakehouse_commits, table_history
 from lakehouse_assets.replay import replayed_keys
-from lakehouse_assets.schema_evolution import add_missing_columns, columns_added_since_last_snapshot
+from lakehouse_assets.schema_evolution import add_missing_columns, columns_added_since_last_snapshot, proposed_fields
 from lakehouse_assets.staging import stage_batch
 from lakehouse_assets.table_metadata import (
     current_metadata_location,
@@ -256,7 +256,7 @@ def _evolve_schema(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRe
     """Add the columns the batches' events brought that the table still lacks (lock held)."""
     proposed: dict[str, str] = {}
     for record in batches:
-        for name, kind in record.staged.new_columns.items():
+        for name, kind in proposed_fields(record.staged.new_columns).items():
             proposed.setdefault(name, kind)
     if proposed and add_missing_columns(ctx.spark, stream.table_identifier, proposed):
         crash_point(faults.COMMITTER_AFTER_SCHEMA_CHANGE)

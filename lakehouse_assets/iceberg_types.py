@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from pyiceberg import types
+
 PRIMITIVE_TYPES = ("boolean", "int", "long", "float", "double", "date", "timestamp", "timestamptz", "string", "binary")
 DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -165,3 +167,14 @@ def duckdb_type(iceberg_type: IcebergType) -> str:
             return f"{duckdb_type(element)}[]"
         case MapOf(key, value):
             return f"MAP({duckdb_type(key)}, {duckdb_type(value)})"
+
+
+def iceberg_type_name(iceberg_type: types.IcebergType) -> str:
+    """A PyIceberg type written in this grammar (``struct<a: long>``, without field ids)."""
+    if isinstance(iceberg_type, types.StructType):
+        return "struct<" + ", ".join(f"{f.name}: {iceberg_type_name(f.field_type)}" for f in iceberg_type.fields) + ">"
+    if isinstance(iceberg_type, types.ListType):
+        return f"list<{iceberg_type_name(iceberg_type.element_type)}>"
+    if isinstance(iceberg_type, types.MapType):
+        return f"map<{iceberg_type_name(iceberg_type.key_type)}, {iceberg_type_name(iceberg_type.value_type)}>"
+    return str(iceberg_type).replace(", ", ",")

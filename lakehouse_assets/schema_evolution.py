@@ -24,7 +24,7 @@ from pyspark.sql import types as T
 from lakehouse_assets.change_events import event_shape
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.conversion import EVENT_COLUMN
-from lakehouse_assets.iceberg_types import FIELD_NAME, parse_type, spark_ddl
+from lakehouse_assets.iceberg_types import FIELD_NAME, Struct, iceberg_type_name, parse_type, spark_ddl, type_name
 from lakehouse_assets.inference import infer_type
 from lakehouse_assets.tables import qualified_name
 
@@ -116,6 +116,17 @@ def _has_field(struct: T.DataType, path: list[str]) -> bool | None:
     return True
 
 
+def proposed_fields(columns: dict[str, str]) -> dict[str, str]:
+    """``columns`` plus, for each new struct, each of its fields by dotted path: batches staged before
+    a struct column exists may propose it with different fields, and each field must be added."""
+    fields = dict(columns)
+    for name, kind in columns.items():
+        parsed = parse_type(kind)
+        if isinstance(parsed, Struct):
+            fields.update(proposed_fields({f"{name}.{field}": type_name(member) for field, member in parsed.fields}))
+    return fields
+
+
 def add_missing_columns(spark: SparkSession, table_identifier: str, columns: dict[str, str]) -> dict[str, str]:
     """Add the columns and struct fields the table still lacks (call holding the table's lock),
     shallowest first; returns those added."""
@@ -148,7 +159,7 @@ def columns_added_since_last_snapshot(table: Table) -> dict[str, str]:
     schema = table.schema()
     added = {name: field_id for name, field_id in index_by_name(schema).items() if field_id not in known}
     return {
-        name: str(schema.find_type(field_id))
+        name: iceberg_type_name(schema.find_type(field_id))
         for name, field_id in sorted(added.items())
         if name.rpartition(".")[0] not in added
     }

@@ -12,6 +12,7 @@ from lakehouse_assets.committer import commit_table
 from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
+from lakehouse_assets.iceberg_types import iceberg_type_name
 from lakehouse_assets.landing import land_events
 from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.runner import run_until_idle
@@ -41,7 +42,8 @@ def evolving(lakehouse_home, tmp_path, monkeypatch):
 
 def _columns(config, paths):
     return {
-        field.name: str(field.field_type) for field in load_committed_table(config, paths, "web.events").schema().fields
+        field.name: iceberg_type_name(field.field_type)
+        for field in load_committed_table(config, paths, "web.events").schema().fields
     }
 
 
@@ -87,6 +89,37 @@ def test_the_first_committed_type_wins_for_batches_staged_with_different_types(e
 
     assert _columns(evolving, paths)["level"] == "long"
     assert _rows(evolving, paths, "id", "level") == [(1, 5), (2, 7), (3, None)]
+
+
+def test_struct_fields_from_batches_staged_apart_are_all_added_and_the_first_type_wins(evolving, paths):
+    spark = lakehouse_session(evolving, paths)
+    stream = evolving.stream("events")
+    batches = (
+        [{"id": 1, "meta": {"x": 1}}],
+        [{"id": 2, "meta": {"x": 2, "y": 5}}],
+        [{"id": 3, "meta": {"y": "seven", "z": {"deep": True}}}, {"id": 4, "meta": {"y": "8"}}],
+    )
+    for events in batches:  # all staged before any commits: each proposes `meta` with other fields
+        land_events(paths, stream, [json.dumps(event) for event in events])
+        batch, _ = mint_next_batch(evolving, paths, stream, drain=True)
+        stage_batch(spark, evolving, paths, stream, batch.sequence)
+
+    commit_table(spark, evolving, paths, "web.events", "test")
+
+    assert _columns(evolving, paths)["meta"] == "struct<x: long, y: long, z: struct<deep: boolean>>"
+    assert _rows(evolving, paths, "id", "meta") == [
+        (1, {"x": 1, "y": None, "z": None}),
+        (2, {"x": 2, "y": 5, "z": None}),
+        (3, {"x": None, "y": None, "z": {"deep": True}}),
+        (4, {"x": None, "y": 8, "z": None}),
+    ]
+    # A later batch's new struct field is added to the existing column and recorded by its path.
+    land_events(paths, stream, [json.dumps({"id": 5, "meta": {"x": 6, "w": "new"}})])
+    batch, _ = mint_next_batch(evolving, paths, stream, drain=True)
+    stage_batch(spark, evolving, paths, stream, batch.sequence)
+    commit_table(spark, evolving, paths, "web.events", "test")
+    summary = load_committed_table(evolving, paths, "web.events").current_snapshot().summary.additional_properties
+    assert json.loads(summary[summary_keys.SCHEMA_CHANGE]) == {"meta.w": "string"}
 
 
 def test_a_crash_after_the_schema_change_before_the_commit_loses_nothing(evolving, paths):
