@@ -387,6 +387,12 @@ class LakehouseConfig(_Strict):
             raise ValueError(f"duplicate stream names: {', '.join(duplicates)}")
         if not self.streams:
             raise ValueError("streams: declare at least one stream")
+        placed = [stream.name for stream in self.streams if stream.table_location]
+        if placed and self.catalog.get("type", "hadoop") == "hadoop":
+            raise ValueError(
+                f"streams {', '.join(placed)}: table_location: the hadoop catalog keeps each table at "
+                "<warehouse>/<namespace>/<table>; use another catalog type to place tables elsewhere"
+            )
         for table, streams in self.tables().items():
             if len({stream.maintenance.model_dump_json(exclude={"landing_retention"}) for stream in streams}) > 1:
                 raise ValueError(

@@ -13,6 +13,8 @@ string                    any value; objects and arrays keep their JSON text
 timestamp, timestamptz    ISO 8601 strings or epoch milliseconds
 date                      ISO 8601 dates or epoch days
 binary                    Base64 strings
+fixed[N]                  Base64 strings of exactly N bytes
+uuid                      UUID strings (any case; stored lower case)
 struct                    objects; each field converted recursively, missing or
                           uncoercible fields NULL
 list                      arrays; each element converted recursively
@@ -30,6 +32,8 @@ from __future__ import annotations
 import operator
 from functools import reduce
 
+from pyiceberg.schema import Schema
+from pyiceberg.types import FixedType, IcebergType, StructType, UUIDType
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -43,6 +47,8 @@ LINE_COLUMN = "_lakehouse_line"
 REASON_COLUMN = "_lakehouse_reason"
 OPERATION_COLUMN = "_lakehouse_operation"
 POSITION_COLUMN = "_lakehouse_position"
+ICEBERG_TYPE = "iceberg_type"
+UUID_TEXT = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _ROW = "_lakehouse_row"
 _RAW_OPERATION = "_lakehouse_raw_operation"
 _RAW = "_lakehouse_raw"
@@ -53,12 +59,44 @@ _TEXT_FIELDS = T.MapType(T.StringType(), T.StringType())
 _TEXT_ELEMENTS = T.ArrayType(T.StringType())
 
 
-def _coerce(raw: Column, data_type: T.DataType) -> Column:
-    """``raw`` (a JSON value's text) as ``data_type``, or NULL when it cannot be coerced."""
+def with_iceberg_types(spark_schema: T.StructType, iceberg_schema: Schema) -> T.StructType:
+    """The table's Spark schema with the Iceberg type of its uuid and fixed[N] columns and struct
+    fields in their metadata (Spark reads them as string and binary; their values are checked)."""
+
+    def annotated(spark_type: T.DataType, iceberg_type: IcebergType) -> T.DataType:
+        if not (isinstance(spark_type, T.StructType) and isinstance(iceberg_type, StructType)):
+            return spark_type
+        fields = []
+        for field in spark_type.fields:
+            member = next((f.field_type for f in iceberg_type.fields if f.name == field.name), None)
+            metadata = {ICEBERG_TYPE: str(member)} if isinstance(member, (UUIDType, FixedType)) else field.metadata
+            fields.append(T.StructField(field.name, annotated(field.dataType, member), field.nullable, metadata))
+        return T.StructType(fields)
+
+    return annotated(spark_schema, iceberg_schema.as_struct())
+
+
+def _checked_text(raw: Column, iceberg_type: str) -> Column:
+    """A uuid's canonical text, or a fixed[N]'s N bytes from Base64; NULL when the value is not one."""
+    trimmed = F.trim(raw)
+    if iceberg_type == "uuid":
+        return F.when(trimmed.rlike(UUID_TEXT), F.lower(trimmed))
+    decoded = F.unbase64(trimmed)
+    return F.when(F.length(decoded) == int(iceberg_type[len("fixed[") : -1]), decoded)
+
+
+def _coerce(raw: Column, data_type: T.DataType, iceberg_type: str | None = None) -> Column:
+    """``raw`` (a JSON value's text) as ``data_type`` (``iceberg_type`` for uuid and fixed[N]), or
+    NULL when it cannot be coerced."""
+    if iceberg_type:
+        return _checked_text(raw, iceberg_type)
     if isinstance(data_type, T.StructType):
         # Each field from the object's member of the same name, coerced recursively.
         members = F.from_json(raw, _TEXT_FIELDS)
-        fields = [_coerce(members.getItem(field.name), field.dataType).alias(field.name) for field in data_type]
+        fields = [
+            _coerce(members.getItem(field.name), field.dataType, field.metadata.get(ICEBERG_TYPE)).alias(field.name)
+            for field in data_type
+        ]
         return F.when(members.isNotNull(), F.struct(*fields))
     if isinstance(data_type, T.ArrayType):
         return F.transform(F.from_json(raw, _TEXT_ELEMENTS), lambda element: _coerce(element, data_type.elementType))
@@ -87,8 +125,8 @@ def _coerce(raw: Column, data_type: T.DataType) -> Column:
     return trimmed.cast(data_type)
 
 
-def _type_name(data_type: T.DataType) -> str:
-    return data_type.simpleString()
+def _type_name(field: T.StructField) -> str:
+    return field.metadata.get(ICEBERG_TYPE) or field.dataType.simpleString()
 
 
 def _first_failure(rules: list[tuple[Column, Column]]) -> Column:
@@ -104,7 +142,7 @@ def _missing_or_uncoercible(field: T.StructField, label: str) -> list[tuple[Colu
         (raw.isNull(), F.lit(f"missing {label} '{field.name}'")),
         (
             F.col(f"`{field.name}`").isNull(),
-            F.concat(F.lit(f"{label} '{field.name}': "), raw, F.lit(f" is not a {_type_name(field.dataType)}")),
+            F.concat(F.lit(f"{label} '{field.name}': "), raw, F.lit(f" is not a {_type_name(field)}")),
         ),
     ]
 
@@ -176,7 +214,10 @@ def convert_events(
     ).withColumn(_RAW, F.from_json(F.col(_ROW), text_schema))
     converted = parsed.select(
         "*",
-        *[_coerce(F.col(f"{_RAW}.`{field.name}`"), field.dataType).alias(field.name) for field in table_schema],
+        *[
+            _coerce(F.col(f"{_RAW}.`{field.name}`"), field.dataType, field.metadata.get(ICEBERG_TYPE)).alias(field.name)
+            for field in table_schema
+        ],
     )
     reason = _rejection_reason(list(table_schema), stream, identifier_columns)
     return converted.withColumn(REASON_COLUMN, reason).drop(_RAW, _ROW, _RAW_OPERATION)

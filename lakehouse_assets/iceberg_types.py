@@ -1,24 +1,42 @@
-"""Iceberg type names as written in ``schema.columns``: parsed once, rendered for Spark and DuckDB.
+"""Iceberg type names as written in ``schema.columns``: parsed once, rendered for Iceberg, Spark and
+DuckDB.
 
-Grammar: the primitives, ``decimal(P,S)``, ``struct<name: type, ...>``, ``list<type>`` and
-``map<key type, value type>``, nested freely. Nested struct fields are optional.
+Grammar: the primitives, ``decimal(P,S)``, ``fixed[N]``, ``struct<name: type, ...>``, ``list<type>``
+and ``map<key type, value type>``, nested freely. Nested struct fields are optional.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
 from pyiceberg import types
 
-PRIMITIVE_TYPES = ("boolean", "int", "long", "float", "double", "date", "timestamp", "timestamptz", "string", "binary")
+PRIMITIVE_TYPES = (
+    "boolean",
+    "int",
+    "long",
+    "float",
+    "double",
+    "date",
+    "timestamp",
+    "timestamptz",
+    "string",
+    "uuid",
+    "binary",
+)
 DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+FIXED = re.compile(r"^fixed\[(\d+)\]$")
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Spark 3.5 cannot write these Iceberg types, or cannot declare them in SQL.
+# Spark 3.5 cannot write this Iceberg type.
 NOT_WRITABLE_FROM_SPARK = {
     "time": "Spark 3.5 cannot read or write Iceberg time columns; use long (micros) or string",
-    "uuid": "Spark SQL cannot declare uuid columns; use string, or create the table yourself",
 }
+# Types Spark SQL cannot declare (tables are created through Iceberg's catalog API) and reads as
+# another type; their values are checked on conversion, so they are columns and struct fields
+# only, not list elements or map keys and values.
+SPARK_READS_AS = {"uuid": "string", "fixed": "binary"}
 SPARK_PRIMITIVES = {
     "boolean": "boolean",
     "int": "int",
@@ -29,6 +47,7 @@ SPARK_PRIMITIVES = {
     "timestamp": "timestamp_ntz",
     "timestamptz": "timestamp",
     "string": "string",
+    "uuid": "string",
     "binary": "binary",
 }
 DUCKDB_PRIMITIVES = {
@@ -41,6 +60,7 @@ DUCKDB_PRIMITIVES = {
     "timestamp": "TIMESTAMP",
     "timestamptz": "TIMESTAMP WITH TIME ZONE",
     "string": "VARCHAR",
+    "uuid": "UUID",
     "binary": "BLOB",
 }
 
@@ -105,8 +125,10 @@ def parse_type(text: str) -> IcebergType:
         return Primitive(f"decimal({precision},{scale})")
     if lowered in NOT_WRITABLE_FROM_SPARK:
         raise ValueError(f"type {text!r} is not supported: {NOT_WRITABLE_FROM_SPARK[lowered]}")
-    if re.match(r"^fixed\[\d+\]$", lowered):
-        raise ValueError(f"type {text!r} is not supported: Spark SQL cannot declare fixed columns; use binary")
+    if match := FIXED.match(lowered):
+        if int(match.group(1)) < 1:
+            raise ValueError(f"{text}: the length must be at least 1")
+        return Primitive(lowered)
     if (inner := _inside(text, "struct")) is not None:
         fields = []
         for part in _split_top_level(inner):
@@ -118,16 +140,27 @@ def parse_type(text: str) -> IcebergType:
             raise ValueError(f"struct {text!r} names a field twice")
         return Struct(tuple(fields))
     if (inner := _inside(text, "list")) is not None:
-        return ListOf(parse_type(inner))
+        return ListOf(_collection_member(parse_type(inner), text))
     if (inner := _inside(text, "map")) is not None:
         parts = _split_top_level(inner)
         if len(parts) != 2:
             raise ValueError(f"map {text!r} needs a key and a value type: map<string, long>")
-        return MapOf(parse_type(parts[0]), parse_type(parts[1]))
+        return MapOf(_collection_member(parse_type(parts[0]), text), _collection_member(parse_type(parts[1]), text))
     raise ValueError(
-        f"unsupported type {text!r}; supported: {', '.join(PRIMITIVE_TYPES)}, decimal(P,S), "
+        f"unsupported type {text!r}; supported: {', '.join(PRIMITIVE_TYPES)}, decimal(P,S), fixed[N], "
         "struct<name: type, ...>, list<type>, map<key, value>"
     )
+
+
+def _collection_member(member: IcebergType, text: str) -> IcebergType:
+    if isinstance(member, Primitive) and spark_reads_as(member.name):
+        raise ValueError(f"{text}: {member.name} is supported for columns and struct fields, not inside lists or maps")
+    return member
+
+
+def spark_reads_as(name: str) -> str | None:
+    """For uuid and fixed[N], the Spark type Spark reads them as; None for every other type name."""
+    return SPARK_READS_AS.get(name.split("[")[0])
 
 
 def type_name(iceberg_type: IcebergType) -> str:
@@ -147,7 +180,7 @@ def spark_ddl(iceberg_type: IcebergType) -> str:
     """The Spark SQL type for a column of this type."""
     match iceberg_type:
         case Primitive(name):
-            return SPARK_PRIMITIVES.get(name, name)
+            return SPARK_PRIMITIVES.get(name) or spark_reads_as(name) or name
         case Struct(fields):
             return "struct<" + ", ".join(f"`{name}`: {spark_ddl(kind)}" for name, kind in fields) + ">"
         case ListOf(element):
@@ -160,13 +193,50 @@ def duckdb_type(iceberg_type: IcebergType) -> str:
     """The type DuckDB's ``DESCRIBE`` shows for a column of this type."""
     match iceberg_type:
         case Primitive(name):
-            return DUCKDB_PRIMITIVES.get(name, name.upper())
+            return DUCKDB_PRIMITIVES.get(name) or ("BLOB" if FIXED.match(name) else name.upper())
         case Struct(fields):
             return "STRUCT(" + ", ".join(f"{name} {duckdb_type(kind)}" for name, kind in fields) + ")"
         case ListOf(element):
             return f"{duckdb_type(element)}[]"
         case MapOf(key, value):
             return f"MAP({duckdb_type(key)}, {duckdb_type(value)})"
+
+
+def iceberg_schema_json(columns: list[tuple[str, IcebergType, bool]], identifier_columns: list[str]) -> str:
+    """Iceberg's JSON schema for ``(name, type, required)`` columns (field ids are assigned afresh
+    when the table is created)."""
+    ids = iter(range(1, 1_000_000))
+
+    def field(name: str, kind: IcebergType, required: bool) -> dict:
+        return {"id": next(ids), "name": name, "required": required, "type": type_json(kind)}
+
+    def type_json(kind: IcebergType) -> str | dict:
+        match kind:
+            case Primitive(name):
+                decimal = DECIMAL.match(name)
+                return f"decimal({decimal.group(1)}, {decimal.group(2)})" if decimal else name
+            case Struct(fields):
+                return {"type": "struct", "fields": [field(name, member, False) for name, member in fields]}
+            case ListOf(element):
+                return {
+                    "type": "list",
+                    "element-id": next(ids),
+                    "element": type_json(element),
+                    "element-required": False,
+                }
+            case MapOf(key, value):
+                return {
+                    "type": "map",
+                    "key-id": next(ids),
+                    "key": type_json(key),
+                    "value-id": next(ids),
+                    "value": type_json(value),
+                    "value-required": False,
+                }
+
+    fields = [field(name, kind, required) for name, kind, required in columns]
+    identifier_ids = [f["id"] for f in fields if f["name"] in identifier_columns]
+    return json.dumps({"type": "struct", "schema-id": 0, "identifier-field-ids": identifier_ids, "fields": fields})
 
 
 def iceberg_type_name(iceberg_type: types.IcebergType) -> str:

@@ -24,6 +24,7 @@ from lakehouse_assets.conversion import (
     convert_events,
     read_landing_lines,
     staged_events,
+    with_iceberg_types,
 )
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.faults import crash_point
@@ -31,6 +32,7 @@ from lakehouse_assets.inference import SAMPLE_EVENTS
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.schema_evolution import new_columns, with_new_columns
+from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets.tables import ensure_table, identifier_columns, qualified_name
 
 # Event times in the ledger and in snapshot summaries: ISO 8601 in UTC (the session time zone), so
@@ -100,7 +102,10 @@ def stage_batch(
     # Read only when the table must be created without declared columns (schema inference).
     sample = lines.select(EVENT_COLUMN).limit(SAMPLE_EVENTS)
     ensure_table(spark, config, paths, stream, sample_lines=lambda: [row[0] for row in sample.collect()])
-    table_schema = spark.table(qualified_name(stream.table_identifier)).schema
+    table_schema = with_iceberg_types(
+        spark.table(qualified_name(stream.table_identifier)).schema,
+        load_committed_table(config, paths, stream.table_identifier).schema(),
+    )
     added = new_columns(lines, stream, table_schema) if stream.schema_evolution else {}
     table_schema = with_new_columns(table_schema, added)
     keys = identifier_columns(config, paths, stream)

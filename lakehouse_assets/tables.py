@@ -6,11 +6,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from py4j.java_gateway import JavaObject, JVMView
 from pyspark.sql import SparkSession
 
-from lakehouse_assets.config import ColumnSpec, LakehouseConfig, PartitionFieldSpec, StreamSpec
+from lakehouse_assets.config import ColumnSpec, LakehouseConfig, StreamSpec
 from lakehouse_assets.errors import ConfigError, TableNotFoundError
-from lakehouse_assets.iceberg_types import spark_ddl
+from lakehouse_assets.iceberg_types import iceberg_schema_json
 from lakehouse_assets.inference import infer_columns
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
@@ -33,32 +34,38 @@ def qualified_name(identifier: str) -> str:
     return f"{CATALOG_NAME}.{identifier}"
 
 
-def _partition_expression(field: PartitionFieldSpec) -> str:
-    column = f"`{field.column}`"
-    if field.transform == "identity":
-        return column
-    if field.transform in ("year", "month", "day", "hour"):
-        return f"{field.transform}s({column})"
-    name, width = re.match(r"^(bucket|truncate)\[(\d+)\]$", field.transform).groups()
-    return f"{name}({width}, {column})"
+def _partition_spec(jvm: JVMView, schema: JavaObject, stream: StreamSpec) -> JavaObject:
+    """The Iceberg PartitionSpec of ``schema.partition_spec``, built with Iceberg's own builder."""
+    builder = jvm.org.apache.iceberg.PartitionSpec.builderFor(schema)
+    for field in stream.table_schema.partition_spec:
+        sized = re.match(r"^(bucket|truncate)\[(\d+)\]$", field.transform)
+        if sized:
+            builder = getattr(builder, sized.group(1))(field.column, int(sized.group(2)))
+        else:
+            builder = getattr(builder, field.transform)(field.column)
+    return builder.build()
 
 
-def create_table_statement(stream: StreamSpec, columns: list[ColumnSpec] | None = None) -> str:
-    """The ``CREATE TABLE IF NOT EXISTS`` statement for ``columns`` (default: the declared ones)."""
-    columns = ",\n  ".join(
-        f"`{column.name}` {spark_ddl(column.iceberg_type)}{' NOT NULL' if column.required else ''}"
-        for column in (columns or stream.table_schema.columns)
+def create_table(spark: SparkSession, stream: StreamSpec, columns: list[ColumnSpec]) -> None:
+    """Create the stream's table with ``columns``, partitioning, properties and location.
+
+    Through Iceberg's catalog API rather than Spark SQL's CREATE TABLE, which cannot declare
+    ``uuid`` or ``fixed[N]`` columns.
+    """
+    jvm = spark._jvm
+    schema = jvm.org.apache.iceberg.SchemaParser.fromJson(
+        iceberg_schema_json(
+            [(column.name, column.iceberg_type, column.required) for column in columns],
+            stream.identifier_columns or [],
+        )
     )
-    statement = f"CREATE TABLE IF NOT EXISTS {qualified_name(stream.table_identifier)} (\n  {columns}\n) USING iceberg"
-    if stream.table_schema.partition_spec:
-        partitions = ", ".join(_partition_expression(field) for field in stream.table_schema.partition_spec)
-        statement += f"\nPARTITIONED BY ({partitions})"
-    if stream.table_location:
-        statement += f"\nLOCATION '{stream.table_location}'"
+    properties = jvm.java.util.HashMap()
     change_properties = MERGE_ON_READ_PROPERTIES if stream.applies_changes else {}
-    properties = {**change_properties, **stream.table_properties, **MANAGED_TABLE_PROPERTIES}
-    rendered = ", ".join(f"'{key}' = '{value}'" for key, value in sorted(properties.items()))
-    return statement + f"\nTBLPROPERTIES ({rendered})"
+    for key, value in {**change_properties, **stream.table_properties, **MANAGED_TABLE_PROPERTIES}.items():
+        properties.put(key, value)
+    catalog = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergCatalog(spark._jsparkSession, CATALOG_NAME)
+    identifier = jvm.org.apache.iceberg.catalog.TableIdentifier.parse(stream.table_identifier)
+    catalog.createTable(identifier, schema, _partition_spec(jvm, schema, stream), stream.table_location, properties)
 
 
 def ensure_table(
@@ -88,10 +95,7 @@ def ensure_table(
         namespace = stream.namespace
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified_name(namespace)}")
         columns = stream.table_schema.columns or infer_columns(stream, sample_lines() if sample_lines else [])
-        spark.sql(create_table_statement(stream, columns))
-        if stream.identifier_columns:
-            fields = ", ".join(f"`{name}`" for name in stream.identifier_columns)
-            spark.sql(f"ALTER TABLE {qualified_name(identifier)} SET IDENTIFIER FIELDS {fields}")
+        create_table(spark, stream, columns)
     return True
 
 

@@ -86,6 +86,15 @@ def test_invalid_keys_are_named_with_their_stream(change, message):
     assert message in str(raised.value)
 
 
+def test_table_location_needs_a_catalog_that_can_place_tables():
+    with pytest.raises(ConfigError, match="streams orders: table_location: the hadoop catalog keeps each table"):
+        parse_config({"streams": [{**ORDERS_STREAM, "table_location": "/data/orders"}]})
+    placed = parse_config(
+        {"catalog": {"type": "rest", "uri": "http://catalog"}, "streams": [{**ORDERS_STREAM, "table_location": "/d"}]}
+    )
+    assert placed.streams[0].table_location == "/d"
+
+
 def test_duplicate_streams_and_unknown_stream_are_errors():
     with pytest.raises(ConfigError, match="duplicate stream names: orders"):
         parse_config({"streams": [ORDERS_STREAM, ORDERS_STREAM]})

@@ -3,14 +3,19 @@
 import base64
 import datetime as dt
 import json
+from decimal import Decimal
+from uuid import UUID
 
+import dagster as dg
 import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
+from pyiceberg.schema import Schema
+from pyiceberg.types import FixedType, NestedField, UUIDType
 from pyspark.sql import types as T
 
 from lakehouse_assets.config import load_config, parse_config
-from lakehouse_assets.conversion import REASON_COLUMN, convert_events
+from lakehouse_assets.conversion import REASON_COLUMN, convert_events, with_iceberg_types
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.iceberg_types import parse_type, type_name
@@ -65,6 +70,10 @@ ENCODED = {
     .flatmap(lambda t: st.sampled_from([(t.isoformat(), t), ((t - EPOCH) // dt.timedelta(milliseconds=1), t)])),
     "binary": st.binary(max_size=20).map(lambda b: (base64.b64encode(b).decode(), bytes(b))),
     "string": st.text().map(lambda s: (s, s)) | st.integers().map(lambda n: (n, str(n))),
+    "uuid": st.uuids().flatmap(lambda u: st.sampled_from([(str(u), str(u)), (str(u).upper(), str(u)), (u.hex, None)])),
+    "fixed[4]": st.binary(min_size=3, max_size=5).map(
+        lambda b: (base64.b64encode(b).decode(), bytes(b) if len(b) == 4 else None)
+    ),
 }
 
 
@@ -79,6 +88,13 @@ def test_conversion_coerces_every_encoding_the_rfc_accepts(tmp_path_factory, sam
     kinds = {"long": T.LongType(), "double": T.DoubleType(), "boolean": T.BooleanType(), "date": T.DateType()}
     kinds |= {"timestamptz": T.TimestampType(), "binary": T.BinaryType(), "string": T.StringType()}
     schema = T.StructType([T.StructField(kind, data_type) for kind, data_type in kinds.items()])
+    # Spark reads uuid and fixed[N] as string and binary; the Iceberg type rides in the field's metadata.
+    schema = with_iceberg_types(
+        T.StructType([*schema, T.StructField("uuid", T.StringType()), T.StructField("fixed[4]", T.BinaryType())]),
+        Schema(
+            NestedField(1, "uuid", UUIDType(), required=False), NestedField(2, "fixed[4]", FixedType(4), required=False)
+        ),
+    )
     rows = max(len(values) for values in samples.values())
     events = [
         json.dumps({kind: values[i][0] for kind, values in samples.items() if i < len(values)}) for i in range(rows)
@@ -186,3 +202,77 @@ def test_a_table_without_declared_columns_is_created_from_the_first_batch(paths,
     }
     rows = _duckdb_rows(config, paths, "web.clicks", "user, ok, ms, meta, later")
     assert rows == [(7, True, 12.5, {"ua": "x", "dpr": 2}, None), (8, False, 3.0, {"ua": None, "dpr": None}, 1)]
+
+
+EVERY_TYPE = {
+    "name": "assets",
+    "table_identifier": "inventory.assets",
+    "auto_create": True,
+    "schema": {
+        "columns": [
+            {"name": "asset_id", "type": "uuid", "required": True},
+            {"name": "ok", "type": "boolean"},
+            {"name": "count", "type": "int"},
+            {"name": "total", "type": "long"},
+            {"name": "ratio", "type": "float"},
+            {"name": "weight", "type": "double"},
+            {"name": "price", "type": "decimal(9,2)"},
+            {"name": "bought_on", "type": "date"},
+            {"name": "due_on", "type": "date"},
+            {"name": "seen_at", "type": "timestamp"},
+            {"name": "updated_at", "type": "timestamptz"},
+            {"name": "label", "type": "string"},
+            {"name": "blob", "type": "binary"},
+            {"name": "checksum", "type": "fixed[4]"},
+            {"name": "owner", "type": "struct<id: uuid, tag: fixed[2]>"},
+            {"name": "parts", "type": "list<string>"},
+            {"name": "sizes", "type": "map<string, long>"},
+        ],
+        "partition_spec": [
+            {"column": "label"},
+            {"column": "bought_on", "transform": "year"},
+            {"column": "updated_at", "transform": "month"},
+            {"column": "due_on", "transform": "day"},
+            {"column": "seen_at", "transform": "hour"},
+            {"column": "asset_id", "transform": "bucket[4]"},
+            {"column": "label", "transform": "truncate[2]"},
+        ],
+    },
+    "table_properties": {"format-version": "2", "write.parquet.compression-codec": "zstd"},
+    "commit_interval": "0s",
+}
+
+
+@pytest.mark.spark
+def test_every_type_and_transform_is_created_and_uuid_and_fixed_values_are_checked(tmp_path, monkeypatch, instance):
+    write_config(tmp_path, {"streams": [EVERY_TYPE]}, monkeypatch)
+    config, paths = load_config(), LakehousePaths.from_env()
+    key = "F81D4FAE-7DEC-11D0-A765-00A0C91E6BF6"
+    events = [
+        {"asset_id": key, "count": "3", "price": "19.99", "bought_on": "2026-01-02", "due_on": 20454,
+         "seen_at": "2026-11-25T10:30:00", "updated_at": 1764064800000, "label": "pump", "blob": "AAE=",
+         "checksum": "AQIDBA==", "owner": {"id": key.lower(), "tag": "AQI="}, "parts": ["a"], "sizes": {"a": "2"}},
+        {"asset_id": "123e4567-e89b-12d3-a456-426614174000", "label": "valve", "checksum": "AQI=",
+         "owner": {"id": "nope", "tag": "AQIDBA=="}},
+        {"asset_id": "not-a-uuid", "label": "bad key"},
+    ]  # fmt: skip
+    land_events(paths, config.stream("assets"), [json.dumps(event) for event in events])
+
+    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+
+    table = load_committed_table(config, paths, "inventory.assets")
+    assert table.properties["write.parquet.compression-codec"] == "zstd"
+    assert [str(field.transform) for field in table.spec().fields] == [
+        "identity", "year", "month", "day", "hour", "bucket[4]", "truncate[2]"
+    ]  # fmt: skip
+    columns = "label, asset_id::VARCHAR, count, price, checksum, owner, sizes"
+    rows = {row[0]: row[1:] for row in _duckdb_rows(config, paths, "inventory.assets", columns)}
+    owner = {"id": UUID(key), "tag": b"\x01\x02"}
+    assert rows["pump"] == (key.lower(), 3, Decimal("19.99"), b"\x01\x02\x03\x04", owner, {"a": 2})
+    assert rows["valve"][3:5] == (None, {"id": None, "tag": None})  # wrong length, not a uuid: NULL
+    dead = _duckdb_rows(config, paths, "inventory.assets_dead_letters", "reason")
+    assert dead == [("required field 'asset_id': not-a-uuid is not a uuid",)]
+    check = instance.get_latest_asset_check_evaluation_record(
+        dg.AssetCheckKey(names.table_key("inventory.assets"), names.SCHEMA_CHECK)
+    )
+    assert check.status.value == "SUCCEEDED"
