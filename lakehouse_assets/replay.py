@@ -65,19 +65,26 @@ def _write_sidecar(keys: list[DeadLetterKey]):
     return write
 
 
-def _streams_of(config: LakehouseConfig, table_identifier: str) -> dict[str, StreamSpec]:
+def _dead_letters_of(config: LakehouseConfig, table_identifier: str) -> tuple[str, dict[str, StreamSpec]]:
+    """The dead-letter table behind ``--table`` and the streams whose dead letters it holds: a
+    table's streams, or a router (named by its dead-letter table) whose events could not be routed."""
+    routers = {stream.router_dead_letter_identifier: stream for stream in config.routers()}
+    if table_identifier in routers:
+        return table_identifier, {routers[table_identifier].name: routers[table_identifier]}
     if table_identifier not in config.tables():
-        known = ", ".join(config.tables())
+        known = ", ".join([*config.tables(), *routers])
         raise ConfigError(f"unknown table {table_identifier!r}; configured tables: {known}")
-    return {stream.name: stream for stream in config.tables()[table_identifier]}
+    streams = {stream.name: stream for stream in config.tables()[table_identifier]}
+    return dead_letter_identifier(table_identifier), streams
 
 
 def replay_dead_letters(
     config: LakehouseConfig, paths: LakehousePaths, table_identifier: str, reason: str | None = None
 ) -> ReplayReport:
-    """Land the table's dead letters (those whose reason contains ``reason``) for another try."""
-    streams = _streams_of(config, table_identifier)
-    table = load_committed_table(config, paths, dead_letter_identifier(table_identifier))
+    """Land the table's dead letters (those whose reason contains ``reason``) for another try;
+    ``table_identifier`` may also be a router's dead-letter table (``lakehouse.<stream>_dead_letters``)."""
+    identifier, streams = _dead_letters_of(config, table_identifier)
+    table = load_committed_table(config, paths, identifier)
     rows = table.scan().to_arrow().to_pylist() if table else []
     landed: dict[str, int] = {}
     already_pending = not_replayable = 0

@@ -33,9 +33,11 @@ from lakehouse_assets.config import ROUTER_DEAD_LETTER_NAMESPACE, TEMPLATE_POINT
 from lakehouse_assets.conversion import EVENT_COLUMN, LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN, read_landing_lines
 from lakehouse_assets.dead_letters import DEAD_LETTER_SUFFIX
 from lakehouse_assets.faults import crash_point
+from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import lakehouse_commits
+from lakehouse_assets.replay import sidecar_path
 from lakehouse_assets.staging import landing_files, minted_record
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 
@@ -231,4 +233,18 @@ def route_batches(
             ledger.record_committed(record.sequence, CommittedBatch(snapshot_id or 0, record.sequence, time.time()))
             ledger.remove_attempts(record.sequence)
             routed.append(RoutedBatch(record.sequence, record.staged.routes, record.staged.rejected, routed_now))
+        _remove_routed_landing_files(paths, stream, ledger)
     return routed
+
+
+def _remove_routed_landing_files(paths: LakehousePaths, stream: StreamSpec, ledger: StreamLedger) -> None:
+    """Remove the landing files of batches routed ``maintenance.landing_retention`` ago or longer:
+    each of their events is in a route file or in the dead-letter table. The ledger entries stay, so
+    no file is batched again and no sequence is reused."""
+    directory = landing_dir(paths, stream)
+    now = time.time()
+    for record in ledger.batches():
+        if record.committed and now - record.committed.committed_at >= stream.maintenance.landing_retention:
+            for name in record.minted.files:
+                (directory / name).unlink(missing_ok=True)
+                sidecar_path(directory / name).unlink(missing_ok=True)

@@ -14,9 +14,10 @@ from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.sensors import writer_run_request
-from lakehouse_assets.landing import land_events, landing_dir
+from lakehouse_assets.landing import land_events, landing_dir, list_landing_files
 from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.replay import replay_dead_letters
 from lakehouse_assets.runner import run_job, run_pipeline_until_idle
 from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.table_metadata import load_committed_table
@@ -130,6 +131,7 @@ CHANGES = {
     "identifier_columns": ["id"],
     "commit_interval": "0s",
     "flush": {"max_bytes": 1},
+    "maintenance": {"landing_retention": "0s"},
 }
 
 
@@ -160,6 +162,16 @@ def test_routed_changes_apply_in_order_and_a_missing_table_is_a_dead_letter(
         == "table_identifier crm.${/table}: table crm.missing does not exist and auto_create is false"
     )
     assert load_committed_table(config, paths, "crm.missing") is None
+    assert list_landing_files(landing_dir(paths, stream)) == []  # routed, past landing_retention
+
+    # After the missing table is created, a replay routes the dead letter there and removes it.
+    spark.sql("CREATE TABLE lake.crm.missing (id bigint NOT NULL, name string) USING iceberg")
+    replayed = replay_dead_letters(config, paths, "lakehouse.cdc_dead_letters")
+    assert replayed.landed == {"cdc": 1}
+    with dg.DagsterInstance.get() as instance:
+        assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
+    assert [row["id"] for row in table_rows(config, paths, "crm.missing")] == [9]
+    assert table_rows(config, paths, "lakehouse.cdc_dead_letters") == []
 
 
 def test_a_table_found_after_the_code_location_loaded_is_committed_by_the_router_run(routed, paths, instance):
