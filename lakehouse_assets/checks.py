@@ -187,12 +187,17 @@ def check_changes_applied(
     keys: list[str],
     columns: list[str],
 ) -> CheckOutcome:
-    """On each batch's own snapshot, its net deletes are absent and its upserts hold its values."""
+    """On each batch's own snapshot, its net deletes are absent and its upserts hold its values (NULL
+    in a column added after the batch was staged: an upsert writes the whole row)."""
     join = " AND ".join(f't."{key}" = c."{key}"' for key in keys)
-    differs = " OR ".join(f't."{column}" IS DISTINCT FROM c."{column}"' for column in columns)
     problems, deletes, upserts = [], 0, 0
     for batch in batches:
         changes = f"(SELECT * FROM read_parquet('{batch.staged_parquet}/*.parquet') WHERE {REASON_COLUMN} IS NULL)"
+        staged = {row[0] for row in connection.sql(f"DESCRIBE SELECT * FROM {changes}").fetchall()}
+        differs = " OR ".join(
+            f't."{column}" IS DISTINCT FROM c."{column}"' if column in staged else f't."{column}" IS NOT NULL'
+            for column in columns
+        )
         table = scan(metadata_location, batch.snapshot_id)
         deletes += connection.sql(f"SELECT count(*) FROM {changes} WHERE {OPERATION_COLUMN} = '{DELETE}'").fetchone()[0]
         upserts += connection.sql(f"SELECT count(*) FROM {changes} WHERE {OPERATION_COLUMN} <> '{DELETE}'").fetchone()[

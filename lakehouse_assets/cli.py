@@ -1,4 +1,4 @@
-"""The ``lakehouse`` command: ingest, run, maintain, dlq replay, status, demo."""
+"""The ``lakehouse`` command: ingest, run, maintain, dlq replay, source reload, status, demo."""
 
 from __future__ import annotations
 
@@ -102,6 +102,20 @@ def _dlq_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _source_reload(args: argparse.Namespace) -> int:
+    from lakehouse_assets.iceberg_source import forget_cursor
+
+    stream = load_config().stream(args.stream)
+    if not stream.iceberg_source:
+        raise ConfigError(f"stream {stream.name!r} has no Iceberg source")
+    forget_cursor(LakehousePaths.from_env(), stream)
+    print(
+        f"stream {stream.name}: the next source run loads {stream.iceberg_source.table} in full "
+        "(upserts every row, deletes downstream rows the source no longer has), then follows its changes"
+    )
+    return 0
+
+
 def _print_status(entries: list[dict]) -> None:
     for entry in entries:
         if not entry["exists"]:
@@ -166,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--table", required=True, help="namespace.table whose dead letters to replay")
     replay.add_argument("--reason", help="only dead letters whose reason contains this text")
     replay.set_defaults(handler=_dlq_replay)
+    source = commands.add_parser("source", help="Iceberg source streams").add_subparsers(
+        dest="source_command", required=True
+    )
+    reload = source.add_parser("reload", help="load the source in full again (after an expired checkpoint)")
+    reload.add_argument("--stream", required=True)
+    reload.set_defaults(handler=_source_reload)
     demo = commands.add_parser("demo", help="generate sample events, run until idle, summarize")
     demo.add_argument("--events", type=int, default=10_000)
     demo.set_defaults(handler=_demo)

@@ -45,6 +45,7 @@ from lakehouse_assets.dead_letters import (
 )
 from lakehouse_assets.errors import CommitOutcomeUnknownError, FencedError, SequenceGapError
 from lakehouse_assets.faults import crash_point
+from lakehouse_assets.iceberg_source import source_snapshot_of
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
@@ -126,7 +127,10 @@ def _summary_properties(
 ) -> dict[str, str]:
     files = [name for record in batches for name in record.minted.files]
     event_times = [r.staged.max_event_time for r in batches if r.staged.max_event_time]
-    return {
+    # An Iceberg source's landing files are named by source snapshot, in order (replays are not).
+    source_snapshots = [snapshot for name in files if (snapshot := source_snapshot_of(name))]
+    source = {summary_keys.SOURCE_SNAPSHOT: str(source_snapshots[-1])} if source_snapshots else {}
+    return source | {
         summary_keys.STREAM: stream.name,
         summary_keys.COMMIT_SEQUENCE: str(batches[-1].sequence),
         summary_keys.BATCH_RANGE: summary_keys.format_batch_range(batches[0].sequence, batches[-1].sequence),

@@ -40,6 +40,7 @@ STREAM_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 OPERATION_POINTER = re.compile(r"^\$\{(/[A-Za-z0-9_]+)+\}$")
 TEMPLATE_POINTER = re.compile(r"\$\{((?:/[A-Za-z0-9_]+)+)\}")
 ROUTER_DEAD_LETTER_NAMESPACE = "lakehouse"
+ICEBERG_SOURCE_OPERATION = "${/bulk_action}"
 OPERATION_NAMES = {"index", "insert", "create", "c", "i", "r", "update", "u", "delete", "d"}
 
 
@@ -186,13 +187,35 @@ class LandingSourceSpec(_Strict):
     """``json``: each line is the row; ``debezium``: each line is a Debezium change envelope."""
 
 
+class IcebergSourceSpec(_Strict):
+    """An Iceberg table in catalog ``lake`` whose changes the stream applies (the CDC source RFC)."""
+
+    table: str
+    identifier_columns: list[str] | None = None
+    """The source's key: changes become one upsert or delete per key and snapshot, and the
+    downstream table gets them as its identifier columns. Without it only appends can be synced."""
+    disable_export: bool = False
+    """Start from the source's current snapshot without the initial full load."""
+    polling_interval: Duration = Field(default=30.0, gt=0)
+
+    @field_validator("table")
+    @classmethod
+    def _table_identifier(cls, value: str) -> str:
+        if not is_table_identifier(value):
+            raise ValueError(f"{value!r} is not of the form namespace.table")
+        return value
+
+
 class SourceSpec(_Strict):
     landing: LandingSourceSpec | None = None
+    iceberg: IcebergSourceSpec | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> SourceSpec:
-        if self.landing is None:
-            raise ValueError("a stream needs a source; use source: {landing: {}}")
+        if (self.landing is None) == (self.iceberg is None):
+            raise ValueError(
+                "a stream needs exactly one source: source: {landing: {}} or source: {iceberg: {table: ...}}"
+            )
         return self
 
 
@@ -269,6 +292,21 @@ class StreamSpec(_Strict):
             raise ValueError(f"constant operation {value!r} is not one of {', '.join(sorted(OPERATION_NAMES))}")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _iceberg_source_applies_its_changes(cls, raw: Any) -> Any:
+        """A stream from an Iceberg source applies the source's changes by its key: the events'
+        ``bulk_action`` is the operation and the source's identifier columns are the stream's."""
+        source = raw.get("source") if isinstance(raw, dict) else None
+        iceberg = source.get("iceberg") if isinstance(source, dict) else None
+        if not isinstance(iceberg, dict) or not iceberg.get("identifier_columns"):
+            return raw
+        if raw.get("operation") is not None or raw.get("identifier_columns") is not None:
+            raise ValueError(
+                "operation and identifier_columns come from source.iceberg (its identifier_columns); remove them"
+            )
+        return {**raw, "operation": ICEBERG_SOURCE_OPERATION, "identifier_columns": iceberg["identifier_columns"]}
+
     @model_validator(mode="after")
     def _routing_infers_each_schema(self) -> StreamSpec:
         if not self.is_router:
@@ -280,6 +318,8 @@ class StreamSpec(_Strict):
             )
         if self.table_location:
             raise ValueError("table_location: a dynamic table_identifier routes to several tables; remove it")
+        if self.source.iceberg:
+            raise ValueError("table_identifier: a stream from an Iceberg source writes one table; name it")
         return self
 
     @model_validator(mode="after")
@@ -319,6 +359,10 @@ class StreamSpec(_Strict):
             if columns and not columns[name].required:
                 raise ValueError(f"identifier_columns: {name!r} must be declared with required: true")
         return self
+
+    @property
+    def iceberg_source(self) -> IcebergSourceSpec | None:
+        return self.source.iceberg
 
     @property
     def is_debezium(self) -> bool:

@@ -9,6 +9,7 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import complete_days_asset, router_asset, staged_batches_asset, table_asset
 from lakehouse_assets.defs.checks import table_checks
 from lakehouse_assets.defs.freshness import freshness_job, freshness_schedules
+from lakehouse_assets.defs.iceberg_source import source_assets, source_job, source_sensor
 from lakehouse_assets.defs.maintenance import maintenance_job, maintenance_schedules
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import landing_sensor, staged_batches_sensor
@@ -17,7 +18,8 @@ from lakehouse_assets.tables import require_static_tables
 
 
 def build_definitions(config: LakehouseConfig) -> dg.Definitions:
-    """Per stream a writer asset, job and landing sensor; per table a committer asset, checks, commit
+    """Per stream a writer asset, job and landing sensor (and for an Iceberg source its change
+    export, search export, job and polling sensor); per table a committer asset, checks, commit
     job and sensor, and maintenance and freshness jobs with their schedules."""
     assets: list[dg.AssetsDefinition | dg.AssetSpec] = []
     asset_checks: list[dg.AssetChecksDefinition] = []
@@ -34,6 +36,10 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
             )
         )
         sensors.append(landing_sensor(stream))
+        if stream.iceberg_source:
+            assets.extend(source_assets(stream))
+            jobs.append(source_job(stream))
+            sensors.append(source_sensor(stream))
     for table_identifier, streams in config.tables().items():
         assets.append(table_asset(table_identifier, streams))
         if any(stream.completeness for stream in streams):

@@ -35,3 +35,7 @@ class FencedError(LakehouseError):
 
 class TruncatedAncestryError(LakehouseError):
     """Snapshots expired without a lakehouse checkpoint, so what was committed before them is unknown."""
+
+
+class SourceCheckpointError(LakehouseError):
+    """The last source snapshot synced expired or left the ancestry; only a new initial load recovers."""

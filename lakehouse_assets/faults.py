@@ -33,6 +33,7 @@ MAINTENANCE_AFTER_CHECKPOINT = "maintenance.after_checkpoint_before_expiry"
 COMMITTER_AFTER_SCHEMA_CHANGE = "committer.after_schema_change_before_commit"
 ROUTER_DURING_PUBLISH = "router.during_publish"
 ROUTER_AFTER_DEAD_LETTERS = "router.after_dead_letters_before_bookkeeping"
+SOURCE_AFTER_EMIT = "source.after_emit_before_checkpoint"
 # The points every pipeline passes; maintenance and schema changes have their own tests.
 CRASH_POINTS = (
     WRITER_AFTER_STAGING,

@@ -39,6 +39,10 @@ class LakehousePaths:
         """Events routed by dynamic ``table_identifier`` streams: ``routes/<stream>/<table>/``."""
         return self.home / "routes"
 
+    def exports(self, stream: str) -> Path:
+        """Search-index bulk files of an Iceberg source stream."""
+        return self.home / "exports" / stream
+
     @property
     def locks(self) -> Path:
         return self.home / "state" / "locks"

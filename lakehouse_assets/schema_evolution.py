@@ -24,6 +24,7 @@ from pyspark.sql import types as T
 from lakehouse_assets.change_events import event_shape
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.conversion import EVENT_COLUMN
+from lakehouse_assets.iceberg_source import METADATA_FIELDS
 from lakehouse_assets.iceberg_types import FIELD_NAME, Struct, iceberg_type_name, parse_type, spark_ddl, type_name
 from lakehouse_assets.inference import infer_type
 from lakehouse_assets.tables import qualified_name
@@ -52,9 +53,12 @@ def _struct_columns(
             yield from _struct_columns(field.dataType, path)
 
 
-def _inferred_type(rows: DataFrame, path: FieldPath) -> str:
-    """The inferred type of the first non-null value at ``path`` in the batch's events."""
+def _inferred_type(rows: DataFrame, path: FieldPath) -> str | None:
+    """The inferred type of the first non-null value at ``path`` in the batch's events; None when
+    every value is null (no evidence yet: the field is added once a batch has a value)."""
     first = rows.where(F.get_json_object("row", _json_path(path)).isNotNull()).limit(1).collect()
+    if not first:
+        return None
     value = json.loads(first[0]["row"])
     for part in path:
         value = value[part]
@@ -66,8 +70,10 @@ def new_columns(lines: DataFrame, stream: StreamSpec, table_schema: T.StructType
     top-level fields by name, fields inside existing struct columns by dotted path (``address.zip``)."""
     rows = lines.select(event_shape(stream, F.col(EVENT_COLUMN), []).row.alias("row")).cache()
     try:
-        found: dict[str, str] = {}
+        found: dict[str, str | None] = {}
         known = {name.lower() for name in table_schema.fieldNames()} | {(_operation_field(stream) or "").lower()}
+        if stream.iceberg_source:
+            known |= set(METADATA_FIELDS)  # describe the change, not the row
         keys = rows.select(F.explode(F.json_object_keys("row")).alias("key")).distinct().collect()
         for key in sorted(row["key"] for row in keys if row["key"].lower() not in known):
             found[key] = _inferred_type(rows, (key,))
@@ -78,7 +84,7 @@ def new_columns(lines: DataFrame, stream: StreamSpec, table_schema: T.StructType
             for key in sorted(row["key"] for row in keys if FIELD_NAME.match(row["key"])):
                 if key.lower() not in present:
                     found[".".join((*path, key))] = _inferred_type(rows, (*path, key))
-        return found
+        return {name: kind for name, kind in found.items() if kind is not None}
     finally:
         rows.unpersist()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
@@ -28,7 +29,8 @@ from lakehouse_assets.conversion import (
 )
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.faults import crash_point
-from lakehouse_assets.inference import SAMPLE_EVENTS
+from lakehouse_assets.iceberg_source import source_columns
+from lakehouse_assets.inference import SAMPLE_EVENTS, infer_columns
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.schema_evolution import new_columns, with_new_columns
@@ -99,9 +101,13 @@ def stage_batch(
         return StagingOutcome(record.staged, False, len(minted.files), minted.bytes)
 
     lines = read_landing_lines(spark, landing_files(paths, stream, record))
-    # Read only when the table must be created without declared columns (schema inference).
-    sample = lines.select(EVENT_COLUMN).limit(SAMPLE_EVENTS)
-    ensure_table(spark, config, paths, stream, sample_lines=lambda: [row[0] for row in sample.collect()])
+    # Called only when the table must be created without declared columns.
+    if stream.iceberg_source:
+        undeclared_columns = partial(source_columns, config, paths, stream)
+    else:
+        sample = lines.select(EVENT_COLUMN).limit(SAMPLE_EVENTS)
+        undeclared_columns = lambda: infer_columns(stream, [row[0] for row in sample.collect()])  # noqa: E731
+    ensure_table(spark, config, paths, stream, undeclared_columns)
     table_schema = with_iceberg_types(
         spark.table(qualified_name(stream.table_identifier)).schema,
         load_committed_table(config, paths, stream.table_identifier).schema(),

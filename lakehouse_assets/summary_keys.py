@@ -16,6 +16,7 @@ COMMITTER_RUN = "lakehouse.committer-run"
 WATERMARK = "lakehouse.watermark"
 LATE_EVENTS = "lakehouse.late-events"
 SCHEMA_CHANGE = "lakehouse.schema-change"
+SOURCE_SNAPSHOT = "lakehouse.source-snapshot"
 
 
 def format_batch_range(first: int, last: int) -> str:

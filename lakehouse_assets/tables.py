@@ -12,7 +12,6 @@ from pyspark.sql import SparkSession
 from lakehouse_assets.config import ColumnSpec, LakehouseConfig, StreamSpec
 from lakehouse_assets.errors import ConfigError, TableNotFoundError
 from lakehouse_assets.iceberg_types import iceberg_schema_json
-from lakehouse_assets.inference import infer_columns
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.table_metadata import CATALOG_NAME, current_metadata_location, load_committed_table
@@ -73,13 +72,13 @@ def ensure_table(
     config: LakehouseConfig,
     paths: LakehousePaths,
     stream: StreamSpec,
-    sample_lines: Callable[[], list[str]] | None = None,
+    undeclared_columns: Callable[[], list[ColumnSpec]],
 ) -> bool:
     """Make sure the stream's table exists; returns True when this call created it.
 
     An existing table is used with its own schema. A missing table is created when ``auto_create``
-    is set, from ``schema.columns`` or else from the schema inferred from ``sample_lines()`` (the
-    first batch's events), and is an error naming it otherwise.
+    is set, from ``schema.columns`` or else from ``undeclared_columns()`` (the source table's, or
+    those inferred from the first batch), and is an error naming it otherwise.
     """
     identifier = stream.table_identifier
     if current_metadata_location(config, paths, identifier):
@@ -94,7 +93,7 @@ def ensure_table(
             return False
         namespace = stream.namespace
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified_name(namespace)}")
-        columns = stream.table_schema.columns or infer_columns(stream, sample_lines() if sample_lines else [])
+        columns = stream.table_schema.columns or undeclared_columns()
         create_table(spark, stream, columns)
     return True
 

@@ -78,6 +78,18 @@ def test_packaged_demo_config_is_used_without_a_file(monkeypatch, tmp_path):
             "table_identifier: 'sales.${source.table}' is not a table expression",
         ),
         ({"routed_from": "other"}, "stream 'orders': routed_from: set by routing, not a configuration key"),
+        (
+            {"source": {"landing": {}, "iceberg": {"table": "gold.orders"}}},
+            "stream 'orders': source: a stream needs exactly one source",
+        ),
+        (
+            {
+                "source": {"iceberg": {"table": "gold.orders", "identifier_columns": ["order_id"]}},
+                "operation": "${/op}",
+            },
+            "operation and identifier_columns come from source.iceberg",
+        ),
+        ({"source": {"iceberg": {"table": "orders"}}}, "source.iceberg.table: 'orders' is not of the form"),
     ],
 )
 def test_invalid_keys_are_named_with_their_stream(change, message):
@@ -154,3 +166,10 @@ def test_each_routed_table_becomes_a_stream_with_the_routers_settings(tmp_path):
     )
     assert stream.source.landing.path == str(tmp_path / "events" / "shop.orders")
     assert list(routed.tables()) == ["shop.orders"]
+
+
+def test_an_iceberg_source_with_a_key_applies_its_changes_by_that_key():
+    source = {"iceberg": {"table": "gold.orders", "identifier_columns": ["order_id"], "polling_interval": "5s"}}
+    stream = parse_config({"streams": [{**ORDERS_STREAM, "source": source}]}).streams[0]
+    assert (stream.operation, stream.identifier_columns) == ("${/bulk_action}", ["order_id"])
+    assert stream.applies_changes and stream.iceberg_source.polling_interval == 5.0

@@ -37,6 +37,7 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
     @dg.asset(
         key=names.staged_batches_key(stream.name),
         group_name=names.GROUP_NAME,
+        deps=[names.source_key(stream.name)] if stream.iceberg_source else [],
         kinds={"spark", "parquet"},
         description=f"Batches of stream `{stream.name}` staged for {stream.table_identifier}, not yet visible.",
     )

@@ -35,6 +35,22 @@ def staged_batches_key(stream: str) -> dg.AssetKey:
     return dg.AssetKey([STAGING_PREFIX, stream])
 
 
+def source_key(stream: str) -> dg.AssetKey:
+    return dg.AssetKey(["source", stream])
+
+
+def search_export_key(stream: str) -> dg.AssetKey:
+    return dg.AssetKey(["search_export", stream])
+
+
+def source_job_name(stream: str) -> str:
+    return f"{stream}_source_job"
+
+
+def source_sensor_name(stream: str) -> str:
+    return f"{stream}_source_sensor"
+
+
 def staged_batches_op(stream: str) -> str:
     return staged_batches_key(stream).to_python_identifier()
 

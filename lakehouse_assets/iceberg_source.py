@@ -1,0 +1,335 @@
+"""The Iceberg CDC source: a source table's changes, snapshot by snapshot, as change events.
+
+Events land in the stream's landing directory, so the same staging, committer and checks as any
+stream apply them to the downstream table. Per source snapshot, in ancestry order:
+
+- the initial load (unless ``disable_export``) is a full scan of the current snapshot: an upsert
+  per row, plus a delete per downstream key the source no longer has (so a reload after an expired
+  checkpoint converges too);
+- a ``replace`` snapshot (compaction) changes nothing;
+- otherwise the changes come from Spark's ``create_changelog_view`` (carryover removed, updates
+  computed from the identifier columns); a merge-on-read snapshot, whose delete files changelog
+  scans reject in Iceberg 1.10, is compared with its parent by time travel instead, limited to
+  the partitions it touched (rows in one and not the other, matched on the identifier columns).
+
+Each event is the row plus ``iceberg_operation``, ``iceberg_table_name``, ``iceberg_snapshot_id``,
+``document_id`` and ``bulk_action`` (INDEX or DELETE): one event per key and snapshot.
+
+Exactly once: a snapshot's events are written once into a hidden directory, published into the
+landing directory under names fixed by the snapshot (exclusive hard links) and only then recorded
+as the stream's source cursor (``staging/<stream>/source.json``). A crash anywhere re-publishes the
+same files, never new ones; the downstream commit records the newest source snapshot it applied
+(``lakehouse.source-snapshot``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import asdict, dataclass
+
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation, Snapshot
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from lakehouse_assets import faults
+from lakehouse_assets.config import ColumnSpec, LakehouseConfig, StreamSpec
+from lakehouse_assets.errors import LakehouseError, SourceCheckpointError
+from lakehouse_assets.faults import crash_point
+from lakehouse_assets.iceberg_types import iceberg_type_name
+from lakehouse_assets.landing import LANDING_SUFFIX, landing_dir
+from lakehouse_assets.locks import exclusive_lock, stream_lock_file
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.table_metadata import CATALOG_NAME, load_committed_table
+from lakehouse_assets.tables import qualified_name
+
+CURSOR_FILE = "source.json"
+INSERT, DELETE, UPDATE_AFTER = "INSERT", "DELETE", "UPDATE_AFTER"
+EMITTED_OPERATIONS = (INSERT, UPDATE_AFTER, DELETE)
+"""UPDATE_BEFORE is not emitted: an update is one UPDATE_AFTER (bulk action INDEX) per key."""
+METADATA_FIELDS = ("iceberg_operation", "iceberg_table_name", "iceberg_snapshot_id", "document_id", "bulk_action")
+DOCUMENT_ID_SEPARATOR = "-"
+"""``document_id`` joins the identifier columns' values with this, as in the CDC source RFC."""
+
+
+@dataclass(frozen=True)
+class SourceCursor:
+    """The last source snapshot whose events are in the landing directory."""
+
+    snapshot_id: int
+    sequence_number: int
+
+
+@dataclass(frozen=True)
+class EmittedSnapshot:
+    """What one source snapshot produced: its kind (load, changes or nothing) and events per operation."""
+
+    snapshot_id: int
+    kind: str
+    events: dict[str, int]
+    files: list[str]
+
+
+def read_cursor(paths: LakehousePaths, stream: StreamSpec) -> SourceCursor | None:
+    path = paths.staging(stream.name) / CURSOR_FILE
+    return SourceCursor(**json.loads(path.read_text())) if path.exists() else None
+
+
+def _write_cursor(paths: LakehousePaths, stream: StreamSpec, cursor: SourceCursor) -> None:
+    path = paths.staging(stream.name) / CURSOR_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{CURSOR_FILE}.{uuid.uuid4().hex}.tmp")
+    temporary.write_text(json.dumps(asdict(cursor)))
+    os.replace(temporary, path)
+
+
+def forget_cursor(paths: LakehousePaths, stream: StreamSpec) -> None:
+    """Make the next source run start with an initial load (after an expired checkpoint)."""
+    (paths.staging(stream.name) / CURSOR_FILE).unlink(missing_ok=True)
+
+
+def source_table(config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec) -> Table:
+    table = load_committed_table(config, paths, stream.iceberg_source.table)
+    if table is None:
+        raise LakehouseError(f"stream {stream.name!r}: source table {stream.iceberg_source.table} does not exist")
+    return table
+
+
+def source_columns(config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec) -> list[ColumnSpec]:
+    """The downstream table's columns when the stream creates it: the source's, with its types."""
+    schema = source_table(config, paths, stream).schema()
+    keys = set(stream.identifier_columns or [])
+    return [
+        ColumnSpec(
+            name=field.name, type=iceberg_type_name(field.field_type), required=field.required or field.name in keys
+        )
+        for field in schema.fields
+    ]
+
+
+def pending_snapshots(table: Table, stream: StreamSpec, cursor: SourceCursor | None) -> list[Snapshot]:
+    """The source snapshots after the cursor, oldest first; raises SourceCheckpointError when the
+    cursor's snapshot expired or is no longer an ancestor of the current snapshot."""
+    current = table.current_snapshot()
+    if cursor is None or current is None:
+        return [current] if current else []
+    by_id = {snapshot.snapshot_id: snapshot for snapshot in table.snapshots()}
+    pending: list[Snapshot] = []
+    snapshot = current
+    while snapshot is not None and snapshot.snapshot_id != cursor.snapshot_id:
+        pending.append(snapshot)
+        snapshot = by_id.get(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+    if snapshot is None:
+        problem = "has expired" if cursor.snapshot_id not in by_id else "is no longer an ancestor (a rollback?)"
+        raise SourceCheckpointError(
+            f"stream {stream.name!r}: source {stream.iceberg_source.table} snapshot {cursor.snapshot_id}, the last "
+            f"one synced, {problem}, so the changes since cannot be computed. Re-run the initial load: "
+            f"`lakehouse source reload --stream {stream.name}` (upserts every source row and deletes the "
+            "downstream rows the source no longer has)"
+        )
+    return list(reversed(pending))
+
+
+def _document_id(keys: list[str]) -> Column:
+    return F.concat_ws(DOCUMENT_ID_SEPARATOR, *[F.col(f"`{key}`").cast("string") for key in keys])
+
+
+def _events(rows: DataFrame, columns: list[str], operation: Column, stream: StreamSpec, snapshot_id: int) -> DataFrame:
+    """One NDJSON line per row: its ``columns`` and the RFC's metadata fields."""
+    keys = stream.identifier_columns or []
+    data = [F.col(f"`{name}`") for name in columns]
+    metadata = [
+        operation.alias("iceberg_operation"),
+        F.lit(stream.iceberg_source.table).alias("iceberg_table_name"),
+        F.lit(snapshot_id).alias("iceberg_snapshot_id"),
+        (_document_id(keys) if keys else F.lit(None).cast("string")).alias("document_id"),
+        F.when(operation == F.lit(DELETE), F.lit("DELETE")).otherwise(F.lit("INDEX")).alias("bulk_action"),
+    ]
+    return rows.select(F.to_json(F.struct(*data, *metadata), {"ignoreNullFields": "false"}).alias("value"))
+
+
+def _snapshot_rows(spark: SparkSession, identifier: str, snapshot_id: int) -> DataFrame:
+    return spark.read.option("snapshot-id", str(snapshot_id)).table(qualified_name(identifier))
+
+
+def _initial_load(
+    spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec, snapshot: Snapshot
+) -> DataFrame:
+    """Every row of the snapshot as an upsert, and a delete per downstream key the source lacks."""
+    source = _snapshot_rows(spark, stream.iceberg_source.table, snapshot.snapshot_id)
+    events = _events(source, source.columns, F.lit(INSERT), stream, snapshot.snapshot_id)
+    keys = stream.identifier_columns or []
+    downstream = load_committed_table(config, paths, stream.table_identifier)
+    if downstream is None or downstream.current_snapshot() is None:
+        return events
+    if not keys:
+        raise LakehouseError(
+            f"stream {stream.name!r}: {stream.table_identifier} has rows already; a load without "
+            "source.iceberg.identifier_columns would duplicate them"
+        )
+    key_columns = [F.col(f"`{key}`") for key in keys]
+    gone = (
+        spark.table(qualified_name(stream.table_identifier)).select(*key_columns).exceptAll(source.select(*key_columns))
+    )
+    return events.unionByName(_events(gone, keys, F.lit(DELETE), stream, snapshot.snapshot_id))
+
+
+def _changelog(spark: SparkSession, stream: StreamSpec, snapshot: Snapshot) -> DataFrame:
+    """The snapshot's changes from Spark's changelog: carryover removed, updates computed."""
+    keys = stream.identifier_columns or []
+    view = f"lakehouse_changelog_{stream.name}_{snapshot.snapshot_id}".replace("-", "_")
+    options = f"map('start-snapshot-id', '{snapshot.parent_snapshot_id}', 'end-snapshot-id', '{snapshot.snapshot_id}')"
+    if snapshot.parent_snapshot_id is None:
+        options = f"map('end-snapshot-id', '{snapshot.snapshot_id}')"
+    identifier_argument = f", identifier_columns => array({', '.join(repr(k) for k in keys)})" if keys else ""
+    spark.sql(
+        f"CALL {CATALOG_NAME}.system.create_changelog_view(table => '{stream.iceberg_source.table}', "
+        f"options => {options}, changelog_view => '{view}', "
+        f"compute_updates => {'true' if keys else 'false'}{identifier_argument})"
+    )
+    columns = _snapshot_rows(spark, stream.iceberg_source.table, snapshot.snapshot_id).columns
+    changes = spark.table(view).where(F.col("_change_type") != F.lit("UPDATE_BEFORE"))
+    return _events(changes, columns, F.col("_change_type"), stream, snapshot.snapshot_id)
+
+
+def _compared_with_parent(spark: SparkSession, stream: StreamSpec, snapshot: Snapshot) -> DataFrame:
+    """A merge-on-read snapshot's changes: the table at the snapshot against its parent, in the
+    partitions the snapshot touched, matched on the identifier columns."""
+    keys = stream.identifier_columns or []
+    if not keys:
+        raise LakehouseError(
+            f"stream {stream.name!r}: source snapshot {snapshot.snapshot_id} has delete files (merge-on-read), whose "
+            "changes can only be computed by key; set source.iceberg.identifier_columns"
+        )
+    identifier = stream.iceberg_source.table
+    touched = (
+        spark.read.option("snapshot-id", str(snapshot.snapshot_id))
+        .table(qualified_name(f"{identifier}.entries"))
+        .where(F.col("snapshot_id") == F.lit(snapshot.snapshot_id))
+        .select(F.col("data_file.partition").alias("_partition"))
+        .distinct()
+    )
+    after = _snapshot_rows(spark, identifier, snapshot.snapshot_id)
+    columns = after.columns
+    types = {field.name: field.dataType for field in after.schema}
+
+    def in_touched_partitions(rows: DataFrame) -> DataFrame:
+        """The rows in the partitions the snapshot touched, with the snapshot's columns (a column
+        added since is NULL in the parent's rows, as the current schema reads them)."""
+        present = set(rows.columns)
+        aligned = [F.col(f"`{c}`") if c in present else F.lit(None).cast(types[c]).alias(c) for c in columns]
+        if not touched.schema["_partition"].dataType.fields:
+            return rows.select(*aligned)  # unpartitioned
+        with_partition = rows.select(*aligned, "_partition")
+        matches = with_partition["_partition"].eqNullSafe(touched["_partition"])
+        return with_partition.join(touched, on=matches, how="left_semi").drop("_partition")
+
+    after = in_touched_partitions(after)
+    before = in_touched_partitions(_snapshot_rows(spark, identifier, snapshot.parent_snapshot_id))
+    added, removed = after.exceptAll(before), before.exceptAll(after)
+    key_columns = [f"`{key}`" for key in keys]
+    updated_keys = added.select(*key_columns).intersect(removed.select(*key_columns))
+    upserts = added.join(updated_keys.withColumn("_updated", F.lit(True)), on=keys, how="left")
+    operation = F.when(F.col("_updated"), F.lit(UPDATE_AFTER)).otherwise(F.lit(INSERT))
+    deletes = removed.join(updated_keys, on=keys, how="left_anti")
+    snapshot_id = snapshot.snapshot_id
+    return _events(upserts, columns, operation, stream, snapshot_id).unionByName(
+        _events(deletes, columns, F.lit(DELETE), stream, snapshot_id)
+    )
+
+
+def _has_delete_files(snapshot: Snapshot) -> bool:
+    summary = snapshot.summary.additional_properties if snapshot.summary else {}
+    return any(int(summary.get(key, "0")) for key in ("added-delete-files", "removed-delete-files"))
+
+
+def snapshot_changes(spark: SparkSession, stream: StreamSpec, snapshot: Snapshot) -> DataFrame:
+    """The change events of one source snapshot (not a load, not a compaction)."""
+    if _has_delete_files(snapshot):
+        return _compared_with_parent(spark, stream, snapshot)
+    return _changelog(spark, stream, snapshot)
+
+
+def source_snapshot_of(landing_file: str) -> int | None:
+    """The source snapshot a landing file of an Iceberg source holds events of, from its name."""
+    parts = landing_file.split("-")
+    return int(parts[2]) if len(parts) == 4 and parts[1] in ("load", "changes") else None
+
+
+def _publish(
+    spark: SparkSession,
+    config: LakehouseConfig,
+    paths: LakehousePaths,
+    stream: StreamSpec,
+    snapshot: Snapshot,
+    kind: str,
+) -> tuple[list[str], dict[str, int]]:
+    """Write the snapshot's events once, then link them into the landing directory; returns the
+    landing files and the events per operation (empty when an earlier run wrote them)."""
+    # Names sort in snapshot order: by sequence number (format v2+), by commit time on v1 tables.
+    prefix = f"{snapshot.sequence_number or snapshot.timestamp_ms:020d}-{kind}-{snapshot.snapshot_id}"
+    written = paths.staging(stream.name) / "source" / prefix
+    counts: dict[str, int] = {}
+    if not (written / "_SUCCESS").exists():
+        if kind == "load":
+            events = _initial_load(spark, config, paths, stream, snapshot)
+        else:
+            events = snapshot_changes(spark, stream, snapshot)
+        observation = Observation(f"source-{snapshot.snapshot_id}")
+        operation = F.get_json_object("value", "$.iceberg_operation")
+        observed = events.observe(
+            observation, *[F.count(F.when(operation == F.lit(name), 1)).alias(name) for name in EMITTED_OPERATIONS]
+        )
+        observed.write.mode("overwrite").text(str(written))
+        counts = {name: count for name, count in observation.get.items() if count}
+        if counts.get(DELETE) and not stream.identifier_columns:
+            shutil.rmtree(written)
+            raise LakehouseError(
+                f"stream {stream.name!r}: source snapshot {snapshot.snapshot_id} deletes or updates rows, which "
+                "can only be applied by key; set source.iceberg.identifier_columns"
+            )
+    directory = landing_dir(paths, stream)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = []
+    parts = sorted(part for part in written.glob("part-*") if part.stat().st_size > 0)
+    for index, part in enumerate(parts):
+        name = f"{prefix}-{index:05d}{LANDING_SUFFIX}"
+        try:
+            os.link(part, directory / name)
+        except FileExistsError:
+            pass
+        files.append(name)
+    return files, counts
+
+
+def emit_source_changes(
+    spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec
+) -> list[EmittedSnapshot]:
+    """Land the events of every source snapshot after the cursor, in order, and advance the cursor
+    after each; harmless to repeat. The first run loads the current snapshot (or, with
+    ``disable_export``, only records it)."""
+    with exclusive_lock(stream_lock_file(paths.locks, f"{stream.name}-source")):
+        table = source_table(config, paths, stream)
+        cursor = read_cursor(paths, stream)
+        current = table.current_snapshot()
+        if cursor is None and stream.iceberg_source.disable_export and current is not None:
+            _write_cursor(paths, stream, SourceCursor(current.snapshot_id, current.sequence_number))
+            return [EmittedSnapshot(current.snapshot_id, "skipped load (disable_export)", {}, [])]
+        emitted = []
+        for snapshot in pending_snapshots(table, stream, cursor):
+            if cursor is None:
+                kind = "load"
+            elif snapshot.summary and snapshot.summary.operation == Operation.REPLACE:
+                kind = "none"  # compaction: the same rows in other files
+            else:
+                kind = "changes"
+            files, counts = _publish(spark, config, paths, stream, snapshot, kind) if kind != "none" else ([], {})
+            crash_point(faults.SOURCE_AFTER_EMIT)
+            cursor = SourceCursor(snapshot.snapshot_id, snapshot.sequence_number)
+            _write_cursor(paths, stream, cursor)
+            shutil.rmtree(paths.staging(stream.name) / "source", ignore_errors=True)
+            emitted.append(EmittedSnapshot(snapshot.snapshot_id, kind, counts, files))
+        return emitted
