@@ -8,9 +8,10 @@ stream apply them to the downstream table. Per source snapshot, in ancestry orde
   checkpoint converges too);
 - a ``replace`` snapshot (compaction) changes nothing;
 - otherwise the changes come from Spark's ``create_changelog_view`` (carryover removed, updates
-  computed from the identifier columns); a merge-on-read snapshot, whose delete files changelog
-  scans reject in Iceberg 1.10, is compared with its parent by time travel instead, limited to
-  the partitions it touched (rows in one and not the other, matched on the identifier columns).
+  computed from the identifier columns). Iceberg 1.10's changelog scans fail on a table that has
+  delete files (merge-on-read), for any snapshot; such a snapshot is compared with its parent by
+  time travel instead, limited to the partitions it touched (rows in one and not the other,
+  matched on the identifier columns).
 
 Each event is the row plus ``iceberg_operation``, ``iceberg_table_name``, ``iceberg_snapshot_id``,
 ``document_id`` and ``bulk_action`` (INDEX or DELETE): one event per key and snapshot.
@@ -242,8 +243,10 @@ def _compared_with_parent(spark: SparkSession, stream: StreamSpec, snapshot: Sna
 
 
 def _has_delete_files(snapshot: Snapshot) -> bool:
+    """True when the table has delete files at or just before the snapshot: Iceberg 1.10's changelog
+    scan then fails for every snapshot, appends included."""
     summary = snapshot.summary.additional_properties if snapshot.summary else {}
-    return any(int(summary.get(key, "0")) for key in ("added-delete-files", "removed-delete-files"))
+    return any(int(summary.get(key, "0")) for key in ("total-delete-files", "removed-delete-files"))
 
 
 def snapshot_changes(spark: SparkSession, stream: StreamSpec, snapshot: Snapshot) -> DataFrame:
