@@ -197,6 +197,18 @@ class IcebergSourceSpec(_Strict):
     disable_export: bool = False
     """Start from the source's current snapshot without the initial full load."""
     polling_interval: Duration = Field(default=30.0, gt=0)
+    catalog: dict[str, str] | None = None
+    """The source's catalog properties when it is not catalog ``lake`` (same keys as the top-level
+    ``catalog``); Spark sees it as catalog ``source_<stream>``."""
+
+    @field_validator("catalog", mode="before")
+    @classmethod
+    def _catalog_as_strings(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            if value.get("type", "hadoop") == "hadoop" and "warehouse" not in value:
+                raise ValueError("a hadoop catalog needs its warehouse: catalog: {type: hadoop, warehouse: ...}")
+            return {str(key): str(item) for key, item in value.items()}
+        return value
 
     @field_validator("table")
     @classmethod
@@ -365,6 +377,11 @@ class StreamSpec(_Strict):
         return self.source.iceberg
 
     @property
+    def source_catalog_name(self) -> str:
+        """The Spark catalog of the Iceberg source: ``lake``, or ``source_<stream>`` for its own catalog."""
+        return f"source_{self.name}" if self.iceberg_source and self.iceberg_source.catalog else "lake"
+
+    @property
     def is_debezium(self) -> bool:
         return self.source.landing is not None and self.source.landing.format == "debezium"
 
@@ -452,6 +469,11 @@ class LakehouseConfig(_Strict):
                 return stream
         known = ", ".join(stream.name for stream in self.streams)
         raise ConfigError(f"unknown stream {name!r}; configured streams: {known}")
+
+    def source_catalog(self, stream: StreamSpec) -> LakehouseConfig:
+        """This configuration with the catalog an Iceberg source stream reads its source from."""
+        source = stream.iceberg_source
+        return self.model_copy(update={"catalog": source.catalog}) if source and source.catalog else self
 
     def maintenance(self, table_identifier: str) -> MaintenanceSpec:
         """The table's maintenance settings (its streams agree on them)."""

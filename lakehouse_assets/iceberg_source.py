@@ -44,7 +44,7 @@ from lakehouse_assets.iceberg_types import iceberg_type_name
 from lakehouse_assets.landing import LANDING_SUFFIX, landing_dir
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.table_metadata import CATALOG_NAME, load_committed_table
+from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets.tables import qualified_name
 
 CURSOR_FILE = "source.json"
@@ -92,8 +92,13 @@ def forget_cursor(paths: LakehousePaths, stream: StreamSpec) -> None:
     (paths.staging(stream.name) / CURSOR_FILE).unlink(missing_ok=True)
 
 
+def load_source_table(config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec) -> Table | None:
+    """The source table as last committed (PyIceberg, no JVM), from its own catalog if it has one."""
+    return load_committed_table(config.source_catalog(stream), paths, stream.iceberg_source.table)
+
+
 def source_table(config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec) -> Table:
-    table = load_committed_table(config, paths, stream.iceberg_source.table)
+    table = load_source_table(config, paths, stream)
     if table is None:
         raise LakehouseError(f"stream {stream.name!r}: source table {stream.iceberg_source.table} does not exist")
     return table
@@ -152,15 +157,20 @@ def _events(rows: DataFrame, columns: list[str], operation: Column, stream: Stre
     return rows.select(F.to_json(F.struct(*data, *metadata), {"ignoreNullFields": "false"}).alias("value"))
 
 
-def _snapshot_rows(spark: SparkSession, identifier: str, snapshot_id: int) -> DataFrame:
-    return spark.read.option("snapshot-id", str(snapshot_id)).table(qualified_name(identifier))
+def _spark_name(stream: StreamSpec, suffix: str = "") -> str:
+    """The source table (or one of its metadata tables) as Spark names it, in the source's catalog."""
+    return f"{stream.source_catalog_name}.{stream.iceberg_source.table}{suffix}"
+
+
+def _snapshot_rows(spark: SparkSession, stream: StreamSpec, snapshot_id: int) -> DataFrame:
+    return spark.read.option("snapshot-id", str(snapshot_id)).table(_spark_name(stream))
 
 
 def _initial_load(
     spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec, snapshot: Snapshot
 ) -> DataFrame:
     """Every row of the snapshot as an upsert, and a delete per downstream key the source lacks."""
-    source = _snapshot_rows(spark, stream.iceberg_source.table, snapshot.snapshot_id)
+    source = _snapshot_rows(spark, stream, snapshot.snapshot_id)
     events = _events(source, source.columns, F.lit(INSERT), stream, snapshot.snapshot_id)
     keys = stream.identifier_columns or []
     downstream = load_committed_table(config, paths, stream.table_identifier)
@@ -187,11 +197,11 @@ def _changelog(spark: SparkSession, stream: StreamSpec, snapshot: Snapshot) -> D
         options = f"map('end-snapshot-id', '{snapshot.snapshot_id}')"
     identifier_argument = f", identifier_columns => array({', '.join(repr(k) for k in keys)})" if keys else ""
     spark.sql(
-        f"CALL {CATALOG_NAME}.system.create_changelog_view(table => '{stream.iceberg_source.table}', "
+        f"CALL {stream.source_catalog_name}.system.create_changelog_view(table => '{stream.iceberg_source.table}', "
         f"options => {options}, changelog_view => '{view}', "
         f"compute_updates => {'true' if keys else 'false'}{identifier_argument})"
     )
-    columns = _snapshot_rows(spark, stream.iceberg_source.table, snapshot.snapshot_id).columns
+    columns = _snapshot_rows(spark, stream, snapshot.snapshot_id).columns
     changes = spark.table(view).where(F.col("_change_type") != F.lit("UPDATE_BEFORE"))
     return _events(changes, columns, F.col("_change_type"), stream, snapshot.snapshot_id)
 
@@ -205,15 +215,14 @@ def _compared_with_parent(spark: SparkSession, stream: StreamSpec, snapshot: Sna
             f"stream {stream.name!r}: source snapshot {snapshot.snapshot_id} has delete files (merge-on-read), whose "
             "changes can only be computed by key; set source.iceberg.identifier_columns"
         )
-    identifier = stream.iceberg_source.table
     touched = (
         spark.read.option("snapshot-id", str(snapshot.snapshot_id))
-        .table(qualified_name(f"{identifier}.entries"))
+        .table(_spark_name(stream, ".entries"))
         .where(F.col("snapshot_id") == F.lit(snapshot.snapshot_id))
         .select(F.col("data_file.partition").alias("_partition"))
         .distinct()
     )
-    after = _snapshot_rows(spark, identifier, snapshot.snapshot_id)
+    after = _snapshot_rows(spark, stream, snapshot.snapshot_id)
     columns = after.columns
     types = {field.name: field.dataType for field in after.schema}
 
@@ -229,7 +238,7 @@ def _compared_with_parent(spark: SparkSession, stream: StreamSpec, snapshot: Sna
         return with_partition.join(touched, on=matches, how="left_semi").drop("_partition")
 
     after = in_touched_partitions(after)
-    before = in_touched_partitions(_snapshot_rows(spark, identifier, snapshot.parent_snapshot_id))
+    before = in_touched_partitions(_snapshot_rows(spark, stream, snapshot.parent_snapshot_id))
     added, removed = after.exceptAll(before), before.exceptAll(after)
     key_columns = [f"`{key}`" for key in keys]
     updated_keys = added.select(*key_columns).intersect(removed.select(*key_columns))

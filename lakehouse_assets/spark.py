@@ -60,8 +60,17 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
 
 
 def catalog_conf(config: LakehouseConfig, paths: LakehousePaths) -> dict[str, str]:
-    """Session settings for catalog ``lake`` from the config's catalog properties."""
-    prefix = f"spark.sql.catalog.{CATALOG_NAME}"
+    """Session settings for catalog ``lake`` from the config's catalog properties, and for the own
+    catalog of each Iceberg source that has one."""
+    conf = _one_catalog_conf(CATALOG_NAME, config, paths)
+    for stream in config.streams:
+        if stream.iceberg_source and stream.iceberg_source.catalog:
+            conf |= _one_catalog_conf(stream.source_catalog_name, config.source_catalog(stream), paths)
+    return conf
+
+
+def _one_catalog_conf(name: str, config: LakehouseConfig, paths: LakehousePaths) -> dict[str, str]:
+    prefix = f"spark.sql.catalog.{name}"
     conf = {
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         f"{prefix}.cache-enabled": "false",

@@ -90,6 +90,10 @@ def test_packaged_demo_config_is_used_without_a_file(monkeypatch, tmp_path):
             "operation and identifier_columns come from source.iceberg",
         ),
         ({"source": {"iceberg": {"table": "orders"}}}, "source.iceberg.table: 'orders' is not of the form"),
+        (
+            {"source": {"iceberg": {"table": "gold.orders", "catalog": {"type": "hadoop"}}}},
+            "source.iceberg.catalog: a hadoop catalog needs its warehouse",
+        ),
     ],
 )
 def test_invalid_keys_are_named_with_their_stream(change, message):

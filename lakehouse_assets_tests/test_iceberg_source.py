@@ -170,3 +170,23 @@ def test_disable_export_starts_from_the_current_snapshot(lakehouse_home, tmp_pat
         assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
 
     assert _rows(config, paths, "mirror.accounts", "id, name") == [(2, "bob")]
+
+
+def test_a_source_in_another_catalog_is_synced(lakehouse_home, tmp_path, monkeypatch):
+    source = {**SYNC["source"]["iceberg"], "catalog": {"type": "hadoop", "warehouse": str(tmp_path / "other")}}
+    write_config(tmp_path, {"streams": [{**SYNC, "source": {"iceberg": source}}]}, monkeypatch)
+    config, paths = load_config(), LakehousePaths.from_env()
+    spark = lakehouse_session(config, paths)
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS source_accounts_sync.src")
+    spark.sql("CREATE TABLE source_accounts_sync.src.accounts (id bigint NOT NULL, name string) USING iceberg")
+    spark.sql("INSERT INTO source_accounts_sync.src.accounts VALUES (1, 'ada'), (2, 'bob')")
+    spark.sql("UPDATE source_accounts_sync.src.accounts SET name = 'bea' WHERE id = 2")
+    with dg.DagsterInstance.get() as instance:
+        assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
+    spark.sql("DELETE FROM source_accounts_sync.src.accounts WHERE id = 1")
+    with dg.DagsterInstance.get() as instance:
+        assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
+
+    assert load_committed_table(config, paths, "src.accounts") is None  # not in catalog lake
+    source_rows = _rows(config.source_catalog(config.stream("accounts_sync")), paths, "src.accounts", "id, name")
+    assert _rows(config, paths, "mirror.accounts", "id, name") == source_rows == [(2, "bea")]

@@ -6,9 +6,8 @@ import dagster as dg
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
-from lakehouse_assets.iceberg_source import emit_source_changes, read_cursor
+from lakehouse_assets.iceberg_source import emit_source_changes, load_source_table, read_cursor
 from lakehouse_assets.search_export import export_bulk_files
-from lakehouse_assets.table_metadata import load_committed_table
 
 
 def source_assets(stream: StreamSpec) -> list[dg.AssetsDefinition]:
@@ -88,7 +87,7 @@ def source_sensor(stream: StreamSpec) -> dg.SensorDefinition:
     def _sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource) -> dg.RunRequest | dg.SkipReason:
         config, paths = lakehouse.config(), lakehouse.paths()
         current = config.stream(stream.name)
-        table = load_committed_table(config, paths, current.iceberg_source.table)
+        table = load_source_table(config, paths, current)
         snapshot = table.current_snapshot() if table else None
         if snapshot is None:
             return dg.SkipReason(f"source {current.iceberg_source.table} has no snapshot yet")
