@@ -37,6 +37,8 @@ def dagster_instance(paths: LakehousePaths) -> dg.DagsterInstance:
 def _ingest(args: argparse.Namespace) -> int:
     paths, config = LakehousePaths.from_env(), load_config()
     stream = config.stream(args.stream)
+    if stream.iceberg_source:
+        raise ConfigError(f"stream {stream.name!r} takes its events from Iceberg table {stream.iceberg_source.table}")
     if args.file == "-":
         landed = land_events(paths, stream, sys.stdin.buffer, origin="stdin")
     else:
@@ -136,6 +138,11 @@ def _print_status(entries: list[dict]) -> None:
             )
             if stream["held_back"]:
                 print(f"    {stream['held_back']}")
+            if "source_table" in stream:
+                print(
+                    f"    source {stream['source_table']}: synced through snapshot "
+                    f"{stream['source_snapshot_synced']}, current {stream['source_snapshot_current']}"
+                )
         for check, status in entry["last_checks"].items():
             print(f"  check {check}: {status}")
 

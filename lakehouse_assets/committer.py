@@ -88,6 +88,8 @@ class CommitResult:
     late_events: int
     schema_change: dict[str, str]
     epoch: int
+    source_snapshot: str | None = None
+    """For an Iceberg source stream: the newest source snapshot this commit applied."""
 
 
 @dataclass(frozen=True)
@@ -349,6 +351,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
         late_events=late_events,
         schema_change=schema_change,
         epoch=ctx.epoch,
+        source_snapshot=properties.get(summary_keys.SOURCE_SNAPSHOT),
     )
 
 

@@ -8,8 +8,9 @@ from typing import Any
 import dagster as dg
 
 from lakehouse_assets.batch_ledger import StreamLedger
-from lakehouse_assets.config import LakehouseConfig
+from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.defs import names
+from lakehouse_assets.iceberg_source import load_source_table, read_cursor
 from lakehouse_assets.lag import stream_lag_seconds
 from lakehouse_assets.micro_batching import backpressure, pending_files
 from lakehouse_assets.paths import LakehousePaths
@@ -38,6 +39,20 @@ def _last_checks(instance: dg.DagsterInstance | None, table_identifier: str, cha
     return results
 
 
+def _source_progress(config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec) -> dict[str, Any]:
+    """For an Iceberg source stream: the source snapshot reached and the source's current one."""
+    if not stream.iceberg_source:
+        return {}
+    cursor = read_cursor(paths, stream)
+    source = load_source_table(config, paths, stream)
+    current = source.current_snapshot() if source else None
+    return {
+        "source_table": stream.iceberg_source.table,
+        "source_snapshot_synced": cursor.snapshot_id if cursor else None,
+        "source_snapshot_current": current.snapshot_id if current else None,
+    }
+
+
 def lakehouse_status(
     config: LakehouseConfig, paths: LakehousePaths, instance: dg.DagsterInstance | None
 ) -> list[dict[str, Any]]:
@@ -64,6 +79,7 @@ def lakehouse_status(
                     "max_lag_seconds": stream.max_lag,
                     "held_back": backpressure(ledger, stream, state.sequence),
                 }
+                | _source_progress(config, paths, stream)
             )
         report.append(
             {

@@ -16,6 +16,7 @@ from lakehouse_assets.landing import list_landing_files
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runner import run_pipeline_until_idle
 from lakehouse_assets.spark import lakehouse_session
+from lakehouse_assets.status import lakehouse_status
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets_tests.conftest import write_config
 from lakehouse_assets_tests.fault_injection.pipeline import run_pipeline_process
@@ -113,6 +114,7 @@ def test_the_downstream_table_equals_the_source_after_every_change(synced):
     assert '{"delete": {"_id": "3"}}' in bulk and '{"index": {"_id": "6"}}' in bulk
 
 
+@pytest.mark.parametrize("synced", WRITE_MODES, indirect=True)
 def test_a_crash_after_emitting_before_the_checkpoint_applies_each_change_once(synced):
     config, paths, spark = synced
     spark.sql("INSERT INTO lake.src.accounts VALUES (1, 'ada', 10.00, 'eu'), (2, 'bob', 20.00, 'us')")
@@ -190,3 +192,6 @@ def test_a_source_in_another_catalog_is_synced(lakehouse_home, tmp_path, monkeyp
     assert load_committed_table(config, paths, "src.accounts") is None  # not in catalog lake
     source_rows = _rows(config.source_catalog(config.stream("accounts_sync")), paths, "src.accounts", "id, name")
     assert _rows(config, paths, "mirror.accounts", "id, name") == source_rows == [(2, "bea")]
+    [entry] = lakehouse_status(config, paths, None)
+    [progress] = entry["streams"]
+    assert progress["source_snapshot_synced"] == progress["source_snapshot_current"] is not None

@@ -178,7 +178,7 @@ def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:
         "schema_change": dg.JsonMetadataValue(result.schema_change),
         "committer_epoch": result.epoch,
         "dead_letter_table": dead_letter_identifier(result.table),
-    }
+    } | ({"source_snapshot": result.source_snapshot} if result.source_snapshot else {})
 
 
 def _run_ranges(outcome: CommitPass) -> dict[str, dg.JsonMetadataValue]:
