@@ -188,7 +188,8 @@ class LandingSourceSpec(_Strict):
 
 
 class IcebergSourceSpec(_Strict):
-    """An Iceberg table in catalog ``lake`` whose changes the stream applies (the CDC source RFC)."""
+    """An Iceberg table whose changes the stream applies (the CDC source RFC), in catalog ``lake``
+    or in its own ``catalog``."""
 
     table: str
     identifier_columns: list[str] | None = None

@@ -201,8 +201,9 @@ def _changelog(spark: SparkSession, stream: StreamSpec, snapshot: Snapshot) -> D
         f"options => {options}, changelog_view => '{view}', "
         f"compute_updates => {'true' if keys else 'false'}{identifier_argument})"
     )
-    columns = _snapshot_rows(spark, stream, snapshot.snapshot_id).columns
     changes = spark.table(view).where(F.col("_change_type") != F.lit("UPDATE_BEFORE"))
+    # The snapshot's columns, as far as the current schema (which the view reads) still has them.
+    columns = [c for c in _snapshot_rows(spark, stream, snapshot.snapshot_id).columns if c in changes.columns]
     return _events(changes, columns, F.col("_change_type"), stream, snapshot.snapshot_id)
 
 
