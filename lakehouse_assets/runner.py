@@ -111,7 +111,7 @@ def run_job(
 def run_pipeline_until_idle(instance: dg.DagsterInstance, log: Callable[[str], None] = print) -> IdleRunReport:
     """``run_until_idle`` over definitions rebuilt from the configuration until routing finds no
     new table: a table a router found for the first time gets its own stream, sensors and checks."""
-    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.definitions import build_definitions  # importing it loads the code location
 
     report = IdleRunReport()
     loaded: list[str] = []
