@@ -26,13 +26,16 @@ same files, never new ones; the downstream commit records the newest source snap
 from __future__ import annotations
 
 import json
+import operator
 import os
 import shutil
 import uuid
 from dataclasses import asdict, dataclass
+from functools import reduce
 
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
+from pyiceberg.transforms import BucketTransform, IdentityTransform, TruncateTransform
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
@@ -52,6 +55,8 @@ INSERT, DELETE, UPDATE_AFTER = "INSERT", "DELETE", "UPDATE_AFTER"
 EMITTED_OPERATIONS = (INSERT, UPDATE_AFTER, DELETE)
 """UPDATE_BEFORE is not emitted: an update is one UPDATE_AFTER (bulk action INDEX) per key."""
 METADATA_FIELDS = ("iceberg_operation", "iceberg_table_name", "iceberg_snapshot_id", "document_id", "bulk_action")
+MAX_PUSHED_PARTITIONS = 1000
+"""Above this many touched partitions the comparison reads every file rather than build a filter."""
 DOCUMENT_ID_SEPARATOR = "-"
 """``document_id`` joins the identifier columns' values with this, as in the CDC source RFC."""
 
@@ -207,7 +212,51 @@ def _changelog(spark: SparkSession, stream: StreamSpec, snapshot: Snapshot) -> D
     return _events(changes, columns, F.col("_change_type"), stream, snapshot.snapshot_id)
 
 
-def _compared_with_parent(spark: SparkSession, stream: StreamSpec, snapshot: Snapshot) -> DataFrame:
+def _partition_term(stream: StreamSpec, table: Table, name: str, value: object) -> tuple[Column, str] | None:
+    """A condition Iceberg can push into its scan that every row of partition field ``name`` =
+    ``value`` meets (identity, bucket and truncate fields), with the column it reads; None otherwise."""
+    for spec in table.specs().values():
+        for field in spec.fields:
+            if field.name != name:
+                continue
+            column = table.schema().find_column_name(field.source_id)
+            functions = f"{stream.source_catalog_name}.system"
+            if column is None:
+                return None
+            if isinstance(field.transform, IdentityTransform):
+                return F.col(f"`{column}`") == F.lit(value), column
+            if isinstance(field.transform, BucketTransform):
+                bucket = F.expr(f"{functions}.bucket({field.transform.num_buckets}, `{column}`)")
+                return bucket == F.lit(value), column
+            if isinstance(field.transform, TruncateTransform):
+                return F.expr(f"{functions}.truncate({field.transform.width}, `{column}`)") == F.lit(value), column
+            return None
+    return None
+
+
+def _pushed_partition_filter(stream: StreamSpec, table: Table, touched: DataFrame) -> tuple[Column, set[str]] | None:
+    """A filter pushed into both scans so only files that can hold rows of the touched partitions
+    are read; None when some touched partition cannot be bounded this way (then all are read). It
+    may keep more rows than the touched partitions (fields it cannot express are left out); the
+    exact restriction is the semi-join on ``_partition`` after it."""
+    partitions = touched.limit(MAX_PUSHED_PARTITIONS + 1).collect()
+    if not partitions or len(partitions) > MAX_PUSHED_PARTITIONS:
+        return None
+    alternatives, columns = [], set()
+    for partition in partitions:
+        terms = [
+            term
+            for name, value in partition["_partition"].asDict().items()
+            if value is not None and (term := _partition_term(stream, table, name, value)) is not None
+        ]
+        if not terms:
+            return None
+        alternatives.append(reduce(operator.and_, [condition for condition, _ in terms]))
+        columns |= {column for _, column in terms}
+    return reduce(operator.or_, alternatives), columns
+
+
+def _compared_with_parent(spark: SparkSession, stream: StreamSpec, table: Table, snapshot: Snapshot) -> DataFrame:
     """A merge-on-read snapshot's changes: the table at the snapshot against its parent, in the
     partitions the snapshot touched, matched on the identifier columns."""
     keys = stream.identifier_columns or []
@@ -226,14 +275,18 @@ def _compared_with_parent(spark: SparkSession, stream: StreamSpec, snapshot: Sna
     after = _snapshot_rows(spark, stream, snapshot.snapshot_id)
     columns = after.columns
     types = {field.name: field.dataType for field in after.schema}
+    partitioned = bool(touched.schema["_partition"].dataType.fields)
+    pushed = _pushed_partition_filter(stream, table, touched) if partitioned else None
 
     def in_touched_partitions(rows: DataFrame) -> DataFrame:
         """The rows in the partitions the snapshot touched, with the snapshot's columns (a column
         added since is NULL in the parent's rows, as the current schema reads them)."""
         present = set(rows.columns)
         aligned = [F.col(f"`{c}`") if c in present else F.lit(None).cast(types[c]).alias(c) for c in columns]
-        if not touched.schema["_partition"].dataType.fields:
-            return rows.select(*aligned)  # unpartitioned
+        if not partitioned:
+            return rows.select(*aligned)
+        if pushed and pushed[1] <= present:
+            rows = rows.where(pushed[0])
         with_partition = rows.select(*aligned, "_partition")
         matches = with_partition["_partition"].eqNullSafe(touched["_partition"])
         return with_partition.join(touched, on=matches, how="left_semi").drop("_partition")
@@ -259,10 +312,10 @@ def _has_delete_files(snapshot: Snapshot) -> bool:
     return any(int(summary.get(key, "0")) for key in ("total-delete-files", "removed-delete-files"))
 
 
-def snapshot_changes(spark: SparkSession, stream: StreamSpec, snapshot: Snapshot) -> DataFrame:
-    """The change events of one source snapshot (not a load, not a compaction)."""
+def snapshot_changes(spark: SparkSession, stream: StreamSpec, table: Table, snapshot: Snapshot) -> DataFrame:
+    """The change events of one snapshot of the source ``table`` (not a load, not a compaction)."""
     if _has_delete_files(snapshot):
-        return _compared_with_parent(spark, stream, snapshot)
+        return _compared_with_parent(spark, stream, table, snapshot)
     return _changelog(spark, stream, snapshot)
 
 
@@ -290,7 +343,7 @@ def _publish(
         if kind == "load":
             events = _initial_load(spark, config, paths, stream, snapshot)
         else:
-            events = snapshot_changes(spark, stream, snapshot)
+            events = snapshot_changes(spark, stream, source_table(config, paths, stream), snapshot)
         observation = Observation(f"source-{snapshot.snapshot_id}")
         operation = F.get_json_object("value", "$.iceberg_operation")
         observed = events.observe(
