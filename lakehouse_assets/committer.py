@@ -88,6 +88,7 @@ class CommitResult:
     late_events: int
     schema_change: dict[str, str]
     epoch: int
+    schema_change_batches: dict[str, int] = field(default_factory=dict)
     source_snapshot: str | None = None
     """For an Iceberg source stream: the newest source snapshot this commit applied."""
 
@@ -268,6 +269,16 @@ def _evolve_schema(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRe
         crash_point(faults.COMMITTER_AFTER_SCHEMA_CHANGE)
 
 
+def _triggering_batches(schema_change: dict[str, str], batches: list[BatchRecord]) -> dict[str, int]:
+    """For each added column, the first batch of the commit whose events brought it."""
+    triggered: dict[str, int] = {}
+    for record in batches:
+        for name in proposed_fields(record.staged.new_columns):
+            if name in schema_change:
+                triggered.setdefault(name, record.sequence)
+    return triggered
+
+
 def _record_completeness(ctx: CommitterPass, stream: StreamSpec, staged: DataFrame, properties: dict) -> int:
     """Add the stream's new watermark and the batch's late-event count to the commit's summary."""
     if stream.completeness is None:
@@ -318,6 +329,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
     schema_change = columns_added_since_last_snapshot(ctx.table())
     if schema_change:
         properties[summary_keys.SCHEMA_CHANGE] = json.dumps(schema_change)
+        properties[summary_keys.SCHEMA_CHANGE_BATCHES] = json.dumps(_triggering_batches(schema_change, batches))
     confirmed = _write_until_landed(ctx, stream, batches[-1].sequence, write)
     crash_point(faults.COMMITTER_AFTER_COMMIT)
     snapshot = confirmed.current_snapshot()
@@ -352,6 +364,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
         schema_change=schema_change,
         epoch=ctx.epoch,
         source_snapshot=properties.get(summary_keys.SOURCE_SNAPSHOT),
+        schema_change_batches=json.loads(properties.get(summary_keys.SCHEMA_CHANGE_BATCHES, "{}")),
     )
 
 

@@ -16,6 +16,7 @@ COMMITTER_RUN = "lakehouse.committer-run"
 WATERMARK = "lakehouse.watermark"
 LATE_EVENTS = "lakehouse.late-events"
 SCHEMA_CHANGE = "lakehouse.schema-change"
+SCHEMA_CHANGE_BATCHES = "lakehouse.schema-change-batches"
 SOURCE_SNAPSHOT = "lakehouse.source-snapshot"
 
 

@@ -65,6 +65,7 @@ def test_new_fields_become_columns_recorded_in_the_commit_and_checked(evolving, 
     key = names.table_key("web.events")
     materialization = instance.get_latest_materialization_event(key).asset_materialization
     assert set(materialization.metadata["schema_change"].value) == {"meta", "score"}
+    assert materialization.metadata["schema_change_batches"].value == {"meta": 1, "score": 1}
     check = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, names.SCHEMA_CHECK))
     assert check.status.value == "SUCCEEDED"
     assert _rows(evolving, paths, "id", "score") == [(1, None), (2, 1.5)]
@@ -75,6 +76,7 @@ def test_new_fields_become_columns_recorded_in_the_commit_and_checked(evolving, 
     assert _rows(evolving, paths, "id", "score", "tag") == [(1, None, None), (2, 1.5, None), (3, None, "t")]
     summary = load_committed_table(evolving, paths, "web.events").current_snapshot().summary.additional_properties
     assert json.loads(summary[summary_keys.SCHEMA_CHANGE]) == {"tag": "string"}
+    assert json.loads(summary[summary_keys.SCHEMA_CHANGE_BATCHES]) == {"tag": 2}
 
 
 def test_the_first_committed_type_wins_for_batches_staged_with_different_types(evolving, paths):

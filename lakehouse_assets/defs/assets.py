@@ -176,6 +176,7 @@ def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:
         "watermark": result.watermark or "",
         "late_events": result.late_events,
         "schema_change": dg.JsonMetadataValue(result.schema_change),
+        "schema_change_batches": dg.JsonMetadataValue(result.schema_change_batches),
         "committer_epoch": result.epoch,
         "dead_letter_table": dead_letter_identifier(result.table),
     } | ({"source_snapshot": result.source_snapshot} if result.source_snapshot else {})
