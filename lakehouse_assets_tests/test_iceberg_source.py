@@ -56,7 +56,7 @@ def _sync_and_compare(config, paths, columns: str = "id, name, balance, region")
 
 
 @pytest.fixture
-def synced(lakehouse_home, tmp_path, monkeypatch, request):
+def with_source(lakehouse_home, tmp_path, monkeypatch, request):
     write_config(tmp_path, {"streams": [SYNC]}, monkeypatch)
     config, paths = load_config(), LakehousePaths.from_env()
     spark = lakehouse_session(config, paths)
@@ -64,9 +64,9 @@ def synced(lakehouse_home, tmp_path, monkeypatch, request):
     return config, paths, spark
 
 
-@pytest.mark.parametrize("synced", WRITE_MODES, indirect=True)
-def test_the_downstream_table_equals_the_source_after_every_change(synced):
-    config, paths, spark = synced
+@pytest.mark.parametrize("with_source", WRITE_MODES, indirect=True)
+def test_the_downstream_table_equals_the_source_after_every_change(with_source):
+    config, paths, spark = with_source
     spark.sql(
         "INSERT INTO lake.src.accounts VALUES (1, 'ada', 10.00, 'eu'), (2, 'bob', 20.00, 'us'), "
         "(3, 'cy', 30.00, 'eu'), (4, 'di', 40.00, 'us')"
@@ -114,9 +114,9 @@ def test_the_downstream_table_equals_the_source_after_every_change(synced):
     assert '{"delete": {"_id": "3"}}' in bulk and '{"index": {"_id": "6"}}' in bulk
 
 
-@pytest.mark.parametrize("synced", WRITE_MODES, indirect=True)
-def test_a_crash_after_emitting_before_the_checkpoint_applies_each_change_once(synced):
-    config, paths, spark = synced
+@pytest.mark.parametrize("with_source", WRITE_MODES, indirect=True)
+def test_a_crash_after_emitting_before_the_checkpoint_applies_each_change_once(with_source):
+    config, paths, spark = with_source
     spark.sql("INSERT INTO lake.src.accounts VALUES (1, 'ada', 10.00, 'eu'), (2, 'bob', 20.00, 'us')")
     _sync_and_compare(config, paths)
     spark.sql("UPDATE lake.src.accounts SET balance = balance + 1")
@@ -133,8 +133,8 @@ def test_a_crash_after_emitting_before_the_checkpoint_applies_each_change_once(s
     assert len(names) == len(set(names)) == 3  # the load and one file per change snapshot, none twice
 
 
-def test_an_expired_checkpoint_fails_loudly_and_a_reload_converges(synced, capsys):
-    config, paths, spark = synced
+def test_an_expired_checkpoint_fails_loudly_and_a_reload_converges(with_source):
+    config, paths, spark = with_source
     spark.sql("INSERT INTO lake.src.accounts VALUES (1, 'ada', 10.00, 'eu'), (2, 'bob', 20.00, 'us')")
     _sync_and_compare(config, paths)
     spark.sql("DELETE FROM lake.src.accounts WHERE id = 1")
