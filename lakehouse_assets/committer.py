@@ -158,6 +158,24 @@ class CommitterPass:
     epoch: int
     expected_snapshot_id: int | None
 
+    @classmethod
+    def begin(
+        cls, spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, table_identifier: str, run_id: str
+    ) -> CommitterPass:
+        """A pass over the table as it is now: an epoch above every epoch in its ancestry, and its
+        current snapshot as the base it expects."""
+        table = load_committed_table(config, paths, table_identifier)
+        current = table.current_snapshot() if table else None
+        return cls(
+            spark=spark,
+            config=config,
+            paths=paths,
+            table_identifier=table_identifier,
+            run_id=run_id,
+            epoch=max((commit.epoch for commit in lakehouse_commits(table)), default=0) + 1,
+            expected_snapshot_id=current.snapshot_id if current else None,
+        )
+
     def table(self) -> Table | None:
         return load_committed_table(self.config, self.paths, self.table_identifier)
 
@@ -402,17 +420,7 @@ def commit_table(
 ) -> CommitPass:
     """Commit every stream's ready batches to one table, unless fenced by another committer."""
     streams = config.tables()[table_identifier]
-    table = load_committed_table(config, paths, table_identifier)
-    commits = lakehouse_commits(table)
-    ctx = CommitterPass(
-        spark=spark,
-        config=config,
-        paths=paths,
-        table_identifier=table_identifier,
-        run_id=run_id,
-        epoch=max((commit.epoch for commit in commits), default=0) + 1,
-        expected_snapshot_id=table.current_snapshot().snapshot_id if table and table.current_snapshot() else None,
-    )
+    ctx = CommitterPass.begin(spark, config, paths, table_identifier, run_id)
     crash_point(faults.COMMITTER_BEFORE_LOCK)
     plans: list[CommitPlan] = []
     results: list[CommitResult] = []

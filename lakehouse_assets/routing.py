@@ -36,10 +36,9 @@ from lakehouse_assets.faults import crash_point
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.recovery import lakehouse_commits
 from lakehouse_assets.replay import sidecar_path
 from lakehouse_assets.staging import landing_files, minted_record
-from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
+from lakehouse_assets.table_metadata import current_metadata_location
 
 ROUTE_COLUMN = "_lakehouse_route"
 ROUTES_DIR = "routes"
@@ -189,19 +188,9 @@ def _commit_unroutable(
     dead-letter table, unless its ancestry has the batch; returns the table's snapshot."""
     identifier = stream.router_dead_letter_identifier
     with exclusive_lock(table_lock_file(paths.locks, identifier)):
-        table = load_committed_table(config, paths, identifier)
-        current = table.current_snapshot() if table else None
-        ctx = CommitterPass(
-            spark=spark,
-            config=config,
-            paths=paths,
-            table_identifier=identifier,
-            run_id=run_id,
-            epoch=max((commit.epoch for commit in lakehouse_commits(table)), default=0) + 1,
-            expected_snapshot_id=current.snapshot_id if current else None,
-        )
+        ctx = CommitterPass.begin(spark, config, paths, identifier, run_id)
         commit_dead_letters(ctx, stream, [record])
-        table = load_committed_table(config, paths, identifier)
+        table = ctx.table()
     return table.current_snapshot().snapshot_id if table and table.current_snapshot() else None
 
 
