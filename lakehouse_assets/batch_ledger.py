@@ -205,6 +205,12 @@ class StreamLedger:
         (directory / STAGED_FILE).unlink(missing_ok=True)
         self.remove_attempts(sequence)
 
+    def forget_staged_data(self, sequence: int) -> None:
+        """Forget a batch's commit and remove its staged Parquet: the committer stages it again
+        from its landing files before committing it."""
+        (self._directory(sequence) / COMMITTED_FILE).unlink(missing_ok=True)
+        self.remove_attempts(sequence)
+
     def remove_batch(self, sequence: int) -> None:
         """Forget a batch entirely; only for batches no failure or rollback can need again."""
         shutil.rmtree(self._directory(sequence), ignore_errors=True)

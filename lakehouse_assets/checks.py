@@ -15,11 +15,13 @@ from pyiceberg.table import StaticTable
 
 from lakehouse_assets import summary_keys
 from lakehouse_assets.change_events import DELETE
-from lakehouse_assets.config import ColumnSpec
+from lakehouse_assets.config import ColumnSpec, ExpectationSpec
 from lakehouse_assets.conversion import OPERATION_COLUMN, REASON_COLUMN
 from lakehouse_assets.duck import manifest_entries, scan
 from lakehouse_assets.iceberg_types import duckdb_type
 from lakehouse_assets.recovery import CommitHistory, commit_history
+
+EXPECTATION_EXAMPLES = 5
 
 
 @dataclass(frozen=True)
@@ -243,5 +245,53 @@ def check_no_new_dead_letters(
         f"stream {stream}: {total} events of batches {first_sequence}-{last_sequence} went to the dead letters"
         if total
         else f"stream {stream}: no event of batches {first_sequence}-{last_sequence} went to the dead letters",
+        {"dead_letters": total, "reasons": {reason: count for reason, count in rows[:10]}},
+    )
+
+
+def check_expectations(
+    connection: duckdb.DuckDBPyConnection, snapshot: CommittedSnapshot, expectations: list[ExpectationSpec]
+) -> CheckOutcome:
+    """Every row of the snapshot meets every expectation (a NULL condition does not); otherwise how
+    many rows miss each, with a few of them."""
+    table = scan(snapshot.metadata_location, snapshot.snapshot_id)
+    missed: dict[str, int] = {}
+    examples: dict[str, list[str]] = {}
+    for expectation in expectations:
+        unmet = f"FROM {table} t WHERE NOT coalesce(({expectation.condition}), false)"
+        count = connection.sql(f"SELECT count(*) {unmet}").fetchone()[0]
+        if count:
+            missed[expectation.name] = count
+            rows = connection.sql(f"SELECT to_json(t)::VARCHAR {unmet} LIMIT {EXPECTATION_EXAMPLES}").fetchall()
+            examples[expectation.name] = [row for (row,) in rows]
+    problems = [
+        f"{count} rows do not meet {name} ({next(e.condition for e in expectations if e.name == name)})"
+        for name, count in missed.items()
+    ]
+    return CheckOutcome(
+        not missed,
+        "; ".join(problems) or f"every row meets {', '.join(e.name for e in expectations)}",
+        {"rows_not_meeting": missed, "examples": examples},
+    )
+
+
+def check_staged_rejects(
+    connection: duckdb.DuckDBPyConnection, stream: str, first: int, last: int, staged_parquet: list[str]
+) -> CheckOutcome:
+    """No event of the batches was rejected when staged; otherwise how many, and why. For audited
+    batches, whose dead letters reach the dead-letter table only when they are published."""
+    rows = []
+    if staged_parquet:
+        files = ", ".join(f"'{path}/*.parquet'" for path in staged_parquet)
+        rows = connection.sql(
+            f"SELECT {REASON_COLUMN}, count(*) AS n FROM read_parquet([{files}], union_by_name => true) "
+            f"WHERE {REASON_COLUMN} IS NOT NULL GROUP BY ALL ORDER BY n DESC, {REASON_COLUMN}"
+        ).fetchall()
+    total = sum(count for _, count in rows)
+    return CheckOutcome(
+        total == 0,
+        f"stream {stream}: {total} events of batches {first}-{last} go to the dead letters when published"
+        if total
+        else f"stream {stream}: no event of batches {first}-{last} was rejected",
         {"dead_letters": total, "reasons": {reason: count for reason, count in rows[:10]}},
     )

@@ -1,4 +1,4 @@
-"""The ``lakehouse`` command: ingest, run, maintain, dlq replay, source reload, status, demo."""
+"""The ``lakehouse`` command: ingest, run, maintain, dlq replay, source reload, audit, status, demo."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from lakehouse_assets.config import load_config
+from lakehouse_assets.config import LakehouseConfig, load_config
 from lakehouse_assets.defs import names
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.landing import land_events
@@ -143,6 +143,12 @@ def _print_status(entries: list[dict]) -> None:
                     f"    source {stream['source_table']}: synced through snapshot "
                     f"{stream['source_snapshot_synced']}, current {stream['source_snapshot_current']}"
                 )
+        if entry["publish"] == "audit":
+            waiting = entry["unpublished_batches"]
+            print(
+                f"  audit branch: snapshot {entry['audit_snapshot_id']}; "
+                + (f"batches {waiting} await publishing" if waiting else "nothing awaits publishing")
+            )
         for check, status in entry["last_checks"].items():
             print(f"  check {check}: {status}")
 
@@ -158,6 +164,59 @@ def _status(args: argparse.Namespace) -> int:
     else:
         _print_status(entries)
     return 0
+
+
+def _audit_publish(args: argparse.Namespace) -> int:
+    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.runner import run_job
+
+    paths, config = LakehousePaths.from_env(), load_config()
+    _audited_table(config, args.table)
+    job = build_definitions(config).resolve_job_def(names.publish_job_name(args.table))
+    with dagster_instance(paths) as instance:
+        result = run_job(job, instance)
+        for check in result.get_asset_check_evaluations():
+            found = check.metadata.get("found")
+            verdict = "passed" if check.passed else "FAILED"
+            print(f"check {check.check_name}: {verdict}" + (f": {found.value}" if found else ""))
+        published = result.asset_materializations_for_node(names.published_key(args.table).to_python_identifier())
+    for materialization in published:
+        metadata = materialization.metadata
+        print(
+            f"{args.table}: main now at snapshot {metadata['snapshot_id'].value} "
+            f"(batches {metadata['published_batches'].value})"
+        )
+    if not result.success:
+        print(f"{args.table}: not published; run {result.run_id} failed (see `dagster dev` for its logs)")
+        return 1
+    if not published:
+        print(f"{args.table}: nothing awaits publishing")
+    return 0
+
+
+def _audit_discard(args: argparse.Namespace) -> int:
+    from lakehouse_assets.publishing import discard_audited
+    from lakehouse_assets.spark import lakehouse_session
+
+    paths, config = LakehousePaths.from_env(), load_config()
+    _audited_table(config, args.table)
+    discarded = discard_audited(lakehouse_session(config, paths), config, paths, args.table)
+    if discarded is None:
+        print(f"{args.table}: the audit branch holds nothing unpublished; nothing to discard")
+        return 0
+    print(
+        f"{args.table}: discarded audited snapshot {discarded.discarded_snapshot_id}; the audit branch is back at "
+        f"main ({discarded.main_snapshot_id}). Batches {discarded.batch_ranges} are staged again from their "
+        "landing files, with the current configuration, by the next committer run"
+    )
+    return 0
+
+
+def _audited_table(config: LakehouseConfig, table: str) -> None:
+    if table not in config.tables():
+        raise ConfigError(f"unknown table {table!r}; configured tables: {', '.join(config.tables())}")
+    if not config.audits(table):
+        raise ConfigError(f"{table} is published directly (publish: direct); it has no audit branch")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -193,6 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
     reload = source.add_parser("reload", help="load the source in full again (after an expired checkpoint)")
     reload.add_argument("--stream", required=True)
     reload.set_defaults(handler=_source_reload)
+    audit = commands.add_parser("audit", help="tables published with publish: audit").add_subparsers(
+        dest="audit_command", required=True
+    )
+    publish = audit.add_parser("publish", help="check the audited snapshot again and publish it when the checks pass")
+    publish.add_argument("--table", required=True, help="namespace.table")
+    publish.set_defaults(handler=_audit_publish)
+    discard = audit.add_parser("discard", help="drop the audited commits; their batches are staged again")
+    discard.add_argument("--table", required=True, help="namespace.table")
+    discard.set_defaults(handler=_audit_discard)
+
     demo = commands.add_parser("demo", help="generate sample events, run until idle, summarize")
     demo.add_argument("--events", type=int, default=10_000)
     demo.set_defaults(handler=_demo)

@@ -34,6 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from lakehouse_assets import faults, summary_keys
 from lakehouse_assets.batch_ledger import BatchRecord, CommittedBatch, StreamLedger
+from lakehouse_assets.branches import AuditState, audit_state, sync_audit_branch
 from lakehouse_assets.completeness import count_late_events, next_watermark
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.conversion import accepted_rows
@@ -49,7 +50,14 @@ from lakehouse_assets.iceberg_source import source_snapshot_of
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.recovery import committed_state, lakehouse_commits, table_history
+from lakehouse_assets.recovery import (
+    AUDIT_BRANCH,
+    MAIN_BRANCH,
+    branch_head,
+    committed_state,
+    lakehouse_commits,
+    table_history,
+)
 from lakehouse_assets.replay import replayed_keys
 from lakehouse_assets.schema_evolution import add_missing_columns, columns_added_since_last_snapshot, proposed_fields
 from lakehouse_assets.staging import stage_batch
@@ -157,38 +165,48 @@ class CommitterPass:
     run_id: str
     epoch: int
     expected_snapshot_id: int | None
+    branch: str = MAIN_BRANCH
+    """The branch commits go to: main, or the audit branch of a table published with ``publish: audit``."""
 
     @classmethod
     def begin(
-        cls, spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, table_identifier: str, run_id: str
+        cls,
+        spark: SparkSession,
+        config: LakehouseConfig,
+        paths: LakehousePaths,
+        table_identifier: str,
+        run_id: str,
+        branch: str = MAIN_BRANCH,
     ) -> CommitterPass:
-        """A pass over the table as it is now: an epoch above every epoch in its ancestry, and its
-        current snapshot as the base it expects."""
+        """A pass over the table as it is now: an epoch above every epoch in its branch's ancestry,
+        and the branch's head as the base it expects."""
         table = load_committed_table(config, paths, table_identifier)
-        current = table.current_snapshot() if table else None
+        head = branch_head(table, branch)
         return cls(
             spark=spark,
             config=config,
             paths=paths,
             table_identifier=table_identifier,
             run_id=run_id,
-            epoch=max((commit.epoch for commit in lakehouse_commits(table)), default=0) + 1,
-            expected_snapshot_id=current.snapshot_id if current else None,
+            epoch=max((commit.epoch for commit in lakehouse_commits(table, branch)), default=0) + 1,
+            expected_snapshot_id=head.snapshot_id if head else None,
+            branch=branch,
         )
 
     def table(self) -> Table | None:
         return load_committed_table(self.config, self.paths, self.table_identifier)
 
     def check_fence(self) -> None:
-        """Raise FencedError when the table moved from the expected base or a newer committer wrote."""
+        """Raise FencedError when the branch moved from the expected base or a newer committer wrote."""
         table = self.table()
-        current = table.current_snapshot().snapshot_id if table and table.current_snapshot() else None
+        head = branch_head(table, self.branch)
+        current = head.snapshot_id if head else None
         if current != self.expected_snapshot_id:
             raise FencedError(
-                f"table {self.table_identifier} moved from snapshot {self.expected_snapshot_id} to {current} "
-                "since this committer planned; stopping without committing"
+                f"table {self.table_identifier} ({self.branch}) moved from snapshot {self.expected_snapshot_id} to "
+                f"{current} since this committer planned; stopping without committing"
             )
-        for commit in lakehouse_commits(table):
+        for commit in lakehouse_commits(table, self.branch):
             if commit.epoch > self.epoch or (commit.epoch == self.epoch and commit.run != self.run_id):
                 raise FencedError(
                     f"table {self.table_identifier}: committer run {commit.run} with epoch {commit.epoch} "
@@ -203,6 +221,8 @@ class CommitPass:
     plans: list[CommitPlan]
     results: list[CommitResult]
     fenced: str | None = None
+    awaiting_publish: AuditState | None = None
+    """Under ``publish: audit``: the audit branch holds commits main does not, so nothing new was committed."""
 
 
 def _ensure_staged_data(ctx: CommitterPass, stream: StreamSpec, record: BatchRecord) -> BatchRecord:
@@ -264,7 +284,7 @@ def _write_until_landed(ctx: CommitterPass, stream: StreamSpec, last_sequence: i
         except Exception as raised:  # noqa: BLE001 - py4j errors of any kind; the ancestry decides below
             error = raised
         confirmed = ctx.table()
-        if committed_state(confirmed, stream.name).sequence >= last_sequence:
+        if committed_state(confirmed, stream.name, ctx.branch).sequence >= last_sequence:
             return confirmed
         if error is None:
             raise CommitOutcomeUnknownError(
@@ -273,7 +293,7 @@ def _write_until_landed(ctx: CommitterPass, stream: StreamSpec, last_sequence: i
             )
         if not _is_commit_conflict(error) or attempt == COMMIT_ATTEMPTS:
             raise error
-        ctx.expected_snapshot_id = confirmed.current_snapshot().snapshot_id
+        ctx.expected_snapshot_id = branch_head(confirmed, ctx.branch).snapshot_id
     raise AssertionError("unreachable")
 
 
@@ -301,7 +321,7 @@ def _record_completeness(ctx: CommitterPass, stream: StreamSpec, staged: DataFra
     """Add the stream's new watermark and the batch's late-event count to the commit's summary."""
     if stream.completeness is None:
         return 0
-    before = table_history(ctx.table()).watermark(stream.name)
+    before = table_history(ctx.table(), ctx.branch).watermark(stream.name)
     batch_max = properties[summary_keys.MAX_EVENT_TIME] or None
     after = next_watermark(before, batch_max, stream.completeness.allowed_lateness)
     late = count_late_events(staged, stream.resolved_event_time_column(), before)
@@ -314,11 +334,16 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
     identifier = stream.table_identifier
     started = time.monotonic()
     batches = [_ensure_staged_data(ctx, stream, record) for record in batches]
-    dead_letters = commit_dead_letters(ctx, stream, batches)
-    crash_point(faults.COMMITTER_AFTER_DEAD_LETTERS)
+    if ctx.branch == MAIN_BRANCH:
+        dead_letters = commit_dead_letters(ctx, stream, batches)
+        crash_point(faults.COMMITTER_AFTER_DEAD_LETTERS)
+    else:
+        # Audited batches send their dead letters when they are published: a discarded batch is
+        # staged again, maybe with other rejects, so its first rejects must not be kept.
+        dead_letters = sum(record.staged.rejected for record in batches)
     spark = ctx.spark
     _evolve_schema(ctx, stream, batches)
-    table_schema = spark.table(qualified_name(identifier)).schema
+    table_schema = spark.table(qualified_name(identifier, ctx.branch)).schema
     columns = table_schema.fieldNames()
     # Each batch is aligned to the table on its own: batches staged with different new columns, or
     # with different types for one (the first committed type wins), cannot be read as one.
@@ -326,7 +351,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
     staged = reduce(DataFrame.unionByName, aligned)
     keys = identifier_columns(ctx.config, ctx.paths, stream)
     if keys:
-        counts = count_changes(spark, identifier, staged, keys)
+        counts = count_changes(spark, identifier, staged, keys, ctx.branch)
         rows = counts.inserted + counts.updated
         properties = _summary_properties(stream, batches, rows, counts.inserted - counts.deleted, ctx.epoch, ctx.run_id)
         properties.update(
@@ -337,20 +362,20 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
             }
         )
         view = f"lakehouse_changes_{stream.name}_{batches[0].sequence}"
-        write = partial(merge_changes, spark, identifier, staged, keys, columns, properties, view)
+        write = partial(merge_changes, spark, identifier, staged, keys, columns, properties, view, ctx.branch)
     else:
         rows = sum(record.staged.rows for record in batches)
         counts = ChangeCounts(inserted=rows, updated=0, deleted=0)
         properties = _summary_properties(stream, batches, rows, rows, ctx.epoch, ctx.run_id)
-        write = partial(append_rows, staged.select(*columns), identifier, properties)
+        write = partial(append_rows, staged.select(*columns), identifier, properties, ctx.branch)
     late_events = _record_completeness(ctx, stream, staged, properties)
-    schema_change = columns_added_since_last_snapshot(ctx.table())
+    schema_change = columns_added_since_last_snapshot(ctx.table(), ctx.branch)
     if schema_change:
         properties[summary_keys.SCHEMA_CHANGE] = json.dumps(schema_change)
         properties[summary_keys.SCHEMA_CHANGE_BATCHES] = json.dumps(_triggering_batches(schema_change, batches))
     confirmed = _write_until_landed(ctx, stream, batches[-1].sequence, write)
     crash_point(faults.COMMITTER_AFTER_COMMIT)
-    snapshot = confirmed.current_snapshot()
+    snapshot = branch_head(confirmed, ctx.branch)
     ctx.expected_snapshot_id = snapshot.snapshot_id
     committed_at = time.time()
     ledger = StreamLedger(ctx.paths.staging(stream.name))
@@ -387,14 +412,29 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
 
 
 def _commit_stream(
-    ctx: CommitterPass, stream: StreamSpec, plans: list[CommitPlan], results: list[CommitResult]
+    ctx: CommitterPass,
+    stream: StreamSpec,
+    plans: list[CommitPlan],
+    results: list[CommitResult],
+    publish_waits: bool,
 ) -> None:
+    """Mark what the branch already holds committed, then (unless publishing waits) commit the
+    ready batches."""
     ledger = StreamLedger(ctx.paths.staging(stream.name))
-    state = committed_state(ctx.table(), stream.name)
-    plan = plan_commit(ledger, stream.name, state.sequence)
+    history = table_history(ctx.table(), ctx.branch)
+    plan = plan_commit(ledger, stream.name, history.sequence(stream.name))
     plans.append(plan)
     for sequence in plan.recovered:
-        ledger.record_committed(sequence, CommittedBatch(state.snapshot_id or 0, state.sequence, time.time()))
+        # The commit that holds the batch (checks read each batch on its own snapshot); the
+        # checkpoint's snapshot when that commit has expired.
+        holder = next(
+            (c for c in history.commits if c.stream == stream.name and c.first_sequence <= sequence <= c.last_sequence),
+            None,
+        )
+        snapshot_id = holder.snapshot_id if holder else history.base.snapshot_id if history.base else 0
+        ledger.record_committed(sequence, CommittedBatch(snapshot_id, sequence, time.time()))
+    if publish_waits:
+        return
     # Appends fold every ready batch into one commit. Changes commit one batch at a time, in order:
     # folding them would need the net effect across batches, and a per-batch commit keeps each
     # batch's deletes and upserts checkable on its own snapshot.
@@ -403,12 +443,26 @@ def _commit_stream(
         results.append(_commit_group(ctx, stream, group))
 
 
-def _remove_published_attempts(ledger: StreamLedger) -> None:
-    """Staged Parquet of batches committed by earlier passes; the last pass's stays for its checks."""
+def _remove_published_attempts(ledger: StreamLedger, published_sequence: int) -> None:
+    """Staged Parquet of batches that main holds, committed by earlier passes; the last pass's
+    stays for its checks, and batches waiting on the audit branch keep theirs until published."""
     for record in ledger.batches():
-        if record.committed and record.staged and record.events_path().is_dir():
+        if record.committed and record.sequence <= published_sequence and record.events_path().is_dir():
             ledger.remove_attempts(record.sequence)
             crash_point(faults.COMMITTER_DURING_CLEANUP)
+
+
+def _prepare_audit_branch(ctx: CommitterPass) -> AuditState | None:
+    """Under ``publish: audit`` (lock held, fence checked): the audit branch created or brought up
+    to main, and its state; None for a table published directly or not created yet."""
+    table = ctx.table()
+    if ctx.branch == MAIN_BRANCH or table is None:
+        return None
+    if sync_audit_branch(ctx.spark, table, ctx.table_identifier):
+        # This pass moved the branch itself, holding the lock: its new head is the expected base.
+        table = ctx.table()
+        ctx.expected_snapshot_id = branch_head(table, ctx.branch).snapshot_id
+    return audit_state(table)
 
 
 def commit_table(
@@ -418,20 +472,25 @@ def commit_table(
     table_identifier: str,
     run_id: str,
 ) -> CommitPass:
-    """Commit every stream's ready batches to one table, unless fenced by another committer."""
+    """Commit every stream's ready batches to one table (to its audit branch under ``publish:
+    audit``, and only while that branch holds nothing unpublished), unless fenced by another committer."""
     streams = config.tables()[table_identifier]
-    ctx = CommitterPass.begin(spark, config, paths, table_identifier, run_id)
+    branch = AUDIT_BRANCH if config.audits(table_identifier) else MAIN_BRANCH
+    ctx = CommitterPass.begin(spark, config, paths, table_identifier, run_id, branch)
     crash_point(faults.COMMITTER_BEFORE_LOCK)
     plans: list[CommitPlan] = []
     results: list[CommitResult] = []
     with exclusive_lock(table_lock_file(paths.locks, table_identifier)):
         # Under the lock: the checks of another run read staged Parquet holding the same lock.
+        main = ctx.table()
         for stream in streams:
-            _remove_published_attempts(StreamLedger(paths.staging(stream.name)))
+            published = committed_state(main, stream.name).sequence
+            _remove_published_attempts(StreamLedger(paths.staging(stream.name)), published)
         try:
             ctx.check_fence()
+            audit = _prepare_audit_branch(ctx)
             for stream in streams:
-                _commit_stream(ctx, stream, plans, results)
+                _commit_stream(ctx, stream, plans, results, publish_waits=bool(audit and audit.awaiting_publish))
         except FencedError as fenced:
             return CommitPass(plans, results, fenced=str(fenced))
-    return CommitPass(plans, results)
+    return CommitPass(plans, results, awaiting_publish=audit if audit and audit.awaiting_publish else None)

@@ -232,6 +232,25 @@ class SourceSpec(_Strict):
         return self
 
 
+class ExpectationSpec(_Strict):
+    """A condition every row of the table must meet, as a SQL boolean over its columns."""
+
+    name: str
+    condition: str
+    """SQL that DuckDB (the check) and Spark (``on_failure: dead_letter``) both read, e.g.
+    ``amount >= 0`` or ``status IN ('open', 'closed')``; NULL counts as not met."""
+    on_failure: Literal["block", "dead_letter"] = "block"
+    """``block``: a blocking check on each commit fails (with ``publish: audit``, main is not
+    published); ``dead_letter``: events whose row does not meet it are dead letters when staged."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not IDENTIFIER_PART.match(value):
+            raise ValueError(f"expectation name {value!r}: use letters, digits and _")
+        return value
+
+
 class StreamSpec(_Strict):
     """One event stream and the Iceberg table it writes."""
 
@@ -255,6 +274,10 @@ class StreamSpec(_Strict):
     max_uncommitted_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
     """Backpressure: no new batch is cut while minted or staged but uncommitted batches hold this
     many landing bytes; landing keeps accepting events."""
+    publish: Literal["direct", "audit"] = "direct"
+    """``direct``: each commit is visible to readers at once; ``audit``: commits land on the
+    table's ``audit`` branch and main is fast-forwarded to them only once every blocking check passed."""
+    expectations: list[ExpectationSpec] = Field(default_factory=list)
     routed_from: str | None = None
     """Set on the streams that dynamic routing derives (one per resolved table); not a config key."""
 
@@ -265,6 +288,15 @@ class StreamSpec(_Strict):
     def _stream_name(cls, value: str) -> str:
         if not STREAM_NAME.match(value):
             raise ValueError(f"invalid stream name {value!r}: use lower case letters, digits and _")
+        return value
+
+    @field_validator("expectations")
+    @classmethod
+    def _unique_expectations(cls, value: list[ExpectationSpec]) -> list[ExpectationSpec]:
+        names = [expectation.name for expectation in value]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate expectation names: {', '.join(duplicates)}")
         return value
 
     @field_validator("commit_interval", mode="before")
@@ -456,6 +488,11 @@ class LakehouseConfig(_Strict):
                 "<warehouse>/<namespace>/<table>; use another catalog type to place tables elsewhere"
             )
         for table, streams in self.tables().items():
+            if len({stream.publish for stream in streams}) > 1:
+                raise ValueError(
+                    f"streams {', '.join(s.name for s in streams)} write {table} with different publish modes; "
+                    "a table is published one way, so give them the same"
+                )
             if len({stream.maintenance.model_dump_json(exclude={"landing_retention"}) for stream in streams}) > 1:
                 raise ValueError(
                     f"streams {', '.join(s.name for s in streams)} write {table} with different maintenance "
@@ -479,6 +516,10 @@ class LakehouseConfig(_Strict):
     def maintenance(self, table_identifier: str) -> MaintenanceSpec:
         """The table's maintenance settings (its streams agree on them)."""
         return self.tables()[table_identifier][0].maintenance
+
+    def audits(self, table_identifier: str) -> bool:
+        """True when the table's commits go to its audit branch before they are published."""
+        return self.tables()[table_identifier][0].publish == "audit"
 
     def tables(self) -> dict[str, list[StreamSpec]]:
         """Each target table identifier with the streams that write it (routers write none themselves)."""

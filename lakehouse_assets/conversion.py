@@ -22,9 +22,10 @@ map                       objects; keys and values converted recursively
 ========================  ==============================================================
 
 An event is rejected, with the reason, when it is not a JSON object, when its operation is not
-recognized, when none of its fields match a column, or when a required column is missing or cannot
-be coerced (for a DELETE only the identifier columns must be present); an optional column that
-cannot be coerced is written as NULL. Extra fields are ignored.
+recognized, when none of its fields match a column, when a required column is missing or cannot
+be coerced (for a DELETE only the identifier columns must be present), or when its row does not
+meet an expectation with ``on_failure: dead_letter``; an optional column that cannot be coerced is
+written as NULL. Extra fields are ignored.
 """
 
 from __future__ import annotations
@@ -180,6 +181,10 @@ def _rejection_reason(fields: list[T.StructField], stream: StreamSpec, identifie
                 (~is_delete & condition, message)
                 for condition, message in _missing_or_uncoercible(field, "required field")
             )
+    for expectation in stream.expectations:
+        if expectation.on_failure == "dead_letter":
+            met = F.coalesce(F.expr(expectation.condition), F.lit(False))
+            rules.append((~is_delete & ~met, F.lit(f"expectation {expectation.name} not met: {expectation.condition}")))
     return _first_failure(rules)
 
 

@@ -11,6 +11,7 @@ from lakehouse_assets.defs.checks import table_checks
 from lakehouse_assets.defs.freshness import freshness_job, freshness_schedules
 from lakehouse_assets.defs.iceberg_source import source_assets, source_job, source_sensor
 from lakehouse_assets.defs.maintenance import maintenance_job, maintenance_schedules
+from lakehouse_assets.defs.publishing import publish_job, published_asset
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import landing_sensor, staged_batches_sensor
 from lakehouse_assets.paths import LakehousePaths
@@ -20,7 +21,8 @@ from lakehouse_assets.tables import require_static_tables
 def build_definitions(config: LakehouseConfig) -> dg.Definitions:
     """Per stream a writer asset, job and landing sensor (and for an Iceberg source its change
     export, search export, job and polling sensor); per table a committer asset, checks, commit
-    job and sensor, and maintenance and freshness jobs with their schedules."""
+    job and sensor (under ``publish: audit`` also the published asset and publish job), and
+    maintenance and freshness jobs with their schedules."""
     assets: list[dg.AssetsDefinition | dg.AssetSpec] = []
     asset_checks: list[dg.AssetChecksDefinition] = []
     jobs = []
@@ -45,11 +47,17 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
         if any(stream.completeness for stream in streams):
             assets.append(complete_days_asset(table_identifier, streams))
         asset_checks.extend(table_checks(table_identifier, streams))
+        committed = [names.table_key(table_identifier)]
+        if config.audits(table_identifier):
+            assets.append(published_asset(table_identifier, streams))
+            jobs.append(publish_job(table_identifier))
+            committed.append(names.published_key(table_identifier))
         jobs.append(
             dg.define_asset_job(
                 names.commit_job_name(table_identifier),
-                selection=dg.AssetSelection.assets(names.table_key(table_identifier)),
-                description=f"Commit ready staged batches to {table_identifier} and check the commit.",
+                selection=dg.AssetSelection.assets(*committed),
+                description=f"Commit ready staged batches to {table_identifier}, check the commit"
+                + (", and publish it when the checks pass." if config.audits(table_identifier) else "."),
             )
         )
         sensors.append(staged_batches_sensor(table_identifier, streams))

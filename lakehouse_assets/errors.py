@@ -39,3 +39,11 @@ class TruncatedAncestryError(LakehouseError):
 
 class SourceCheckpointError(LakehouseError):
     """The last source snapshot synced expired or left the ancestry; only a new initial load recovers."""
+
+
+class BranchesDivergedError(LakehouseError):
+    """Main and the audit branch of a table no longer contain one another."""
+
+
+class PublishRefusedError(LakehouseError):
+    """The audited snapshot may not be published: a check did not pass on it, or it moved."""

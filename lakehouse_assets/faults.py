@@ -34,6 +34,9 @@ COMMITTER_AFTER_SCHEMA_CHANGE = "committer.after_schema_change_before_commit"
 ROUTER_DURING_PUBLISH = "router.during_publish"
 ROUTER_AFTER_DEAD_LETTERS = "router.after_dead_letters_before_bookkeeping"
 SOURCE_AFTER_EMIT = "source.after_emit_before_checkpoint"
+PUBLISH_AFTER_DEAD_LETTERS = "publish.after_dead_letters_before_fast_forward"
+PUBLISH_AFTER_FAST_FORWARD = "publish.after_fast_forward"
+DISCARD_AFTER_UNSTAGING = "discard.after_unstaging_before_reset"
 # The points every pipeline passes; maintenance and schema changes have their own tests.
 CRASH_POINTS = (
     WRITER_AFTER_STAGING,

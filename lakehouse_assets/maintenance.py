@@ -18,6 +18,7 @@ from pyiceberg.table.snapshots import Snapshot, ancestors_of
 from pyspark.sql import SparkSession
 
 from lakehouse_assets import faults
+from lakehouse_assets.branches import audit_state, sync_audit_branch
 from lakehouse_assets.config import CompactionSpec, ExpirySpec, LakehouseConfig, MaintenanceSpec
 from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.faults import crash_point
@@ -142,8 +143,18 @@ def rewrite_manifests(spark: SparkSession, identifier: str) -> dict[str, Any]:
     return _call(spark, "rewrite_manifests", f"table => '{identifier}'")
 
 
+# Actions that commit to main; they wait while an audit branch holds unpublished commits, which
+# must stay fast-forwardable onto main.
+REWRITES = ("compaction", "rewrite_manifests", "expire_snapshots")
+
+
 def _maintain_one(
-    spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, identifier: str, spec: MaintenanceSpec
+    spark: SparkSession,
+    config: LakehouseConfig,
+    paths: LakehousePaths,
+    identifier: str,
+    spec: MaintenanceSpec,
+    awaiting_publish: bool = False,
 ) -> list[MaintenanceStep]:
     steps: list[MaintenanceStep] = []
 
@@ -168,6 +179,9 @@ def _maintain_one(
         table = load_committed_table(config, paths, identifier)
         if not enabled or table is None or table.current_snapshot() is None:
             continue
+        if awaiting_publish and action in REWRITES:
+            steps.append(MaintenanceStep(identifier, action, 0.0, {"skipped": "the audit branch awaits publishing"}))
+            continue
         started = time.monotonic()
         counts = run(table)
         steps.append(MaintenanceStep(identifier, action, time.monotonic() - started, counts))
@@ -178,13 +192,20 @@ def maintain_table(
     spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, table_identifier: str
 ) -> list[MaintenanceStep]:
     """Run every enabled maintenance action on the table and its dead-letter table, then remove
-    landing files that are committed beyond any rollback and older than the retention."""
+    landing files that are committed beyond any rollback and older than the retention. Under
+    ``publish: audit`` the rewrites wait while commits await publishing, and the audit branch
+    is brought up to main after them."""
     spec = config.maintenance(table_identifier)
     steps: list[MaintenanceStep] = []
+    audited = config.audits(table_identifier)
     with exclusive_lock(table_lock_file(paths.locks, table_identifier)):
-        for identifier in (table_identifier, dead_letter_identifier(table_identifier)):
-            steps.extend(_maintain_one(spark, config, paths, identifier, spec))
         table = load_committed_table(config, paths, table_identifier)
+        awaiting = audited and audit_state(table).awaiting_publish
+        steps.extend(_maintain_one(spark, config, paths, table_identifier, spec, awaiting))
+        steps.extend(_maintain_one(spark, config, paths, dead_letter_identifier(table_identifier), spec))
+        table = load_committed_table(config, paths, table_identifier)
+        if audited and table is not None:
+            sync_audit_branch(spark, table, table_identifier)
         for stream in config.tables()[table_identifier]:
             started = time.monotonic()
             removed = remove_committed_landing_files(paths, stream, table, time.time())

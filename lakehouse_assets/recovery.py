@@ -23,6 +23,8 @@ from lakehouse_assets import summary_keys
 from lakehouse_assets.errors import TruncatedAncestryError
 
 CHECKPOINT_PROPERTY = "lakehouse.checkpoint"
+MAIN_BRANCH = "main"
+AUDIT_BRANCH = "audit"
 
 
 @dataclass(frozen=True)
@@ -181,22 +183,30 @@ def commit_history(metadata: TableMetadata, snapshot_id: int | None) -> CommitHi
     return CommitHistory(None, [])
 
 
-def table_history(table: Table | None) -> CommitHistory:
-    """The history of the table's current snapshot (empty for a missing or empty table)."""
-    if table is None or table.current_snapshot() is None:
+def branch_head(table: Table | None, branch: str = MAIN_BRANCH) -> Snapshot | None:
+    """The snapshot ``branch`` points to; a branch not created yet starts where main is."""
+    if table is None:
+        return None
+    return table.snapshot_by_name(branch) or table.current_snapshot()
+
+
+def table_history(table: Table | None, branch: str = MAIN_BRANCH) -> CommitHistory:
+    """The history of the branch's head (empty for a missing or empty table)."""
+    head = branch_head(table, branch)
+    if head is None:
         return CommitHistory(None, [])
-    return commit_history(table.metadata, table.current_snapshot().snapshot_id)
+    return commit_history(table.metadata, head.snapshot_id)
 
 
-def lakehouse_commits(table: Table | None) -> list[LakehouseCommit]:
-    """The lakehouse commits along the current ancestry after the checkpoint, oldest first."""
-    return table_history(table).commits
+def lakehouse_commits(table: Table | None, branch: str = MAIN_BRANCH) -> list[LakehouseCommit]:
+    """The lakehouse commits along the branch's ancestry after the checkpoint, oldest first."""
+    return table_history(table, branch).commits
 
 
-def committed_state(table: Table | None, stream: str) -> CommittedState:
-    """The stream's highest committed sequence (0 if none), the snapshot that holds it and the
-    table's newest epoch."""
-    history = table_history(table)
+def committed_state(table: Table | None, stream: str, branch: str = MAIN_BRANCH) -> CommittedState:
+    """The stream's highest sequence committed to ``branch`` (0 if none), the snapshot that holds
+    it and the table's newest epoch."""
+    history = table_history(table, branch)
     sequence = history.sequence(stream)
     holders = [c.snapshot_id for c in history.commits if c.stream == stream and c.last_sequence == sequence]
     snapshot_id = holders[-1] if holders else (history.base.snapshot_id if sequence else None)

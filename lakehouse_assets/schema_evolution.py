@@ -27,6 +27,7 @@ from lakehouse_assets.conversion import EVENT_COLUMN
 from lakehouse_assets.iceberg_source import METADATA_FIELDS
 from lakehouse_assets.iceberg_types import FIELD_NAME, Struct, iceberg_type_name, parse_type, spark_ddl, type_name
 from lakehouse_assets.inference import infer_type
+from lakehouse_assets.recovery import MAIN_BRANCH, branch_head
 from lakehouse_assets.tables import qualified_name
 
 
@@ -154,11 +155,11 @@ def add_missing_columns(spark: SparkSession, table_identifier: str, columns: dic
     return added
 
 
-def columns_added_since_last_snapshot(table: Table) -> dict[str, str]:
-    """Columns and struct fields of the table's current schema that the schema of its current
-    snapshot (or, before the first snapshot, the schema it was created with) does not have;
+def columns_added_since_last_snapshot(table: Table, branch: str = MAIN_BRANCH) -> dict[str, str]:
+    """Columns and struct fields of the table's current schema that the schema of the branch's
+    head (or, before the first snapshot, the schema it was created with) does not have;
     a new struct is named once, not with each of its fields."""
-    snapshot = table.current_snapshot()
+    snapshot = branch_head(table, branch)
     schema_id = snapshot.schema_id if snapshot is not None else table.metadata.schemas[0].schema_id
     before = next((s for s in table.metadata.schemas if s.schema_id == schema_id), None)
     known = set(index_by_name(before).values()) if before else set()

@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import dagster as dg
+from pyiceberg.table import Table
 
 from lakehouse_assets.batch_ledger import StreamLedger
+from lakehouse_assets.branches import audit_state
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.defs import names
+from lakehouse_assets.defs.checks import blocking_check_names
 from lakehouse_assets.iceberg_source import load_source_table, read_cursor
 from lakehouse_assets.lag import stream_lag_seconds
 from lakehouse_assets.micro_batching import backpressure, pending_files
@@ -27,12 +30,13 @@ def _check_status(record: Any) -> str:
     return record.status.value
 
 
-def _last_checks(instance: dg.DagsterInstance | None, table_identifier: str, changes: bool) -> dict[str, str]:
+def _last_checks(
+    instance: dg.DagsterInstance | None, table_identifier: str, streams: list[StreamSpec]
+) -> dict[str, str]:
     if instance is None:
         return {}
     results = {}
-    table_checks = (*names.CHECK_NAMES, names.FRESHNESS_CHECK, names.DEAD_LETTERS_CHECK)
-    for check_name in table_checks + (names.CHANGE_CHECK_NAMES if changes else ()):
+    for check_name in (*blocking_check_names(streams), names.FRESHNESS_CHECK, names.DEAD_LETTERS_CHECK):
         key = dg.AssetCheckKey(names.table_key(table_identifier), check_name)
         record = instance.get_latest_asset_check_evaluation_record(key)
         results[check_name] = _check_status(record) if record else "never run"
@@ -51,6 +55,14 @@ def _source_progress(config: LakehouseConfig, paths: LakehousePaths, stream: Str
         "source_snapshot_synced": cursor.snapshot_id if cursor else None,
         "source_snapshot_current": current.snapshot_id if current else None,
     }
+
+
+def _audit_progress(config: LakehouseConfig, table_identifier: str, table: Table | None) -> dict[str, Any]:
+    """Under ``publish: audit``: the audit branch's head and the batches it holds that main does not."""
+    if not config.audits(table_identifier):
+        return {"publish": "direct"}
+    state = audit_state(table)
+    return {"publish": "audit", "audit_snapshot_id": state.audit, "unpublished_batches": state.unpublished_ranges()}
 
 
 def lakehouse_status(
@@ -88,7 +100,8 @@ def lakehouse_status(
                 "snapshot_id": snapshot.snapshot_id if snapshot else None,
                 **table_stats(table),
                 "streams": stream_entries,
-                "last_checks": _last_checks(instance, table_identifier, any(s.applies_changes for s in streams)),
+                "last_checks": _last_checks(instance, table_identifier, streams),
             }
+            | _audit_progress(config, table_identifier, table)
         )
     return report

@@ -29,17 +29,20 @@ class ChangeCounts:
     deleted: int
 
 
-def append_rows(frame: DataFrame, identifier: str, properties: dict[str, str]) -> None:
-    """Append ``frame`` to the table in one commit carrying ``properties`` in its summary."""
-    writer = frame.writeTo(qualified_name(identifier))
+def append_rows(frame: DataFrame, identifier: str, properties: dict[str, str], branch: str | None = None) -> None:
+    """Append ``frame`` to the table (or its ``branch``) in one commit carrying ``properties`` in its summary."""
+    writer = frame.writeTo(qualified_name(identifier, branch))
     for key, value in properties.items():
         writer = writer.option(f"snapshot-property.{key}", value)
     writer.append()
 
 
-def count_changes(spark: SparkSession, identifier: str, changes: DataFrame, keys: list[str]) -> ChangeCounts:
-    """What merging ``changes`` (one row per key, with its net operation) will do to the table."""
-    existing = spark.table(qualified_name(identifier)).select(*keys).withColumn("_lakehouse_exists", F.lit(True))
+def count_changes(
+    spark: SparkSession, identifier: str, changes: DataFrame, keys: list[str], branch: str | None = None
+) -> ChangeCounts:
+    """What merging ``changes`` (one row per key, with its net operation) will do to the table (or its ``branch``)."""
+    existing = spark.table(qualified_name(identifier, branch)).select(*keys)
+    existing = existing.withColumn("_lakehouse_exists", F.lit(True))
     joined = changes.select(*keys, OPERATION_COLUMN).join(existing, on=keys, how="left")
     is_delete = F.col(OPERATION_COLUMN) == F.lit(DELETE)
     exists = F.col("_lakehouse_exists").isNotNull()
@@ -85,15 +88,17 @@ def merge_changes(
     columns: list[str],
     properties: dict[str, str],
     view_name: str,
+    branch: str | None = None,
 ) -> None:
-    """Apply net changes (UPSERT or DELETE per key) in one MERGE commit carrying ``properties``."""
+    """Apply net changes (UPSERT or DELETE per key) to the table (or its ``branch``) in one MERGE
+    commit carrying ``properties``."""
     changes.createOrReplaceTempView(view_name)
     on = " AND ".join(f"t.`{key}` = s.`{key}`" for key in keys)
     assignments = ", ".join(f"t.`{column}` = s.`{column}`" for column in columns)
     names = ", ".join(f"`{column}`" for column in columns)
     values = ", ".join(f"s.`{column}`" for column in columns)
     statement = (
-        f"MERGE INTO {qualified_name(identifier)} t USING {view_name} s ON {on} "
+        f"MERGE INTO {qualified_name(identifier, branch)} t USING {view_name} s ON {on} "
         f"WHEN MATCHED AND s.{OPERATION_COLUMN} = '{DELETE}' THEN DELETE "
         f"WHEN MATCHED THEN UPDATE SET {assignments} "
         f"WHEN NOT MATCHED AND s.{OPERATION_COLUMN} <> '{DELETE}' THEN INSERT ({names}) VALUES ({values})"

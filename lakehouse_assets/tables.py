@@ -29,8 +29,10 @@ MERGE_ON_READ_PROPERTIES = {
 }
 
 
-def qualified_name(identifier: str) -> str:
-    return f"{CATALOG_NAME}.{identifier}"
+def qualified_name(identifier: str, branch: str | None = None) -> str:
+    """The table's name in Spark; with a branch other than main, the name that reads and writes it."""
+    branch_suffix = f".branch_{branch}" if branch and branch != "main" else ""
+    return f"{CATALOG_NAME}.{identifier}{branch_suffix}"
 
 
 def _partition_spec(jvm: JVMView, schema: JavaObject, stream: StreamSpec) -> JavaObject:

@@ -8,19 +8,21 @@ from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
 from lakehouse_assets.batch_ledger import StreamLedger
+from lakehouse_assets.branches import AuditState
 from lakehouse_assets.committer import CommitPass, CommitResult, commit_table
 from lakehouse_assets.completeness import complete_days, table_watermark
 from lakehouse_assets.config import StreamSpec, routed_stream_name
 from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.defs import names
+from lakehouse_assets.defs.publishing import failed_checks
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import SequenceGapError
 from lakehouse_assets.lag import stream_lag_seconds
 from lakehouse_assets.micro_batching import mint_next_batch
-from lakehouse_assets.recovery import table_history
+from lakehouse_assets.recovery import AUDIT_BRANCH, table_history
 from lakehouse_assets.routing import route_batches
 from lakehouse_assets.staging import minted_record, stage_batch
-from lakehouse_assets.table_metadata import load_committed_table
+from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets.table_stats import table_stats
 
 
@@ -225,6 +227,40 @@ def _signal_complete_days(
         context.log_event(dg.AssetMaterialization(key, partition=day.isoformat(), metadata=metadata))
 
 
+def _awaiting_publish(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    table_identifier: str,
+    streams: list[StreamSpec],
+    state: AuditState,
+) -> Iterator[dg.MaterializeResult]:
+    """The audit branch holds commits main does not. When a check failed on them, publishing stays
+    stopped until the user acts; otherwise (a run died before its checks or its publish) the
+    audited snapshot is reported again, so its checks run and it is published."""
+    failed = failed_checks(context.instance, table_identifier, streams, state.audit)
+    ranges = state.unpublished_ranges()
+    if failed:
+        context.log.warning(
+            f"{table_identifier}: publishing stopped at audited snapshot {state.audit} (batches {ranges}): "
+            + "; ".join(f"{name} {found}" for name, found in failed.items())
+            + f". Later batches stay staged. Fix, then run job {names.publish_job_name(table_identifier)} "
+            f"(or `lakehouse audit publish --table {table_identifier}`), or discard the audited batches with "
+            f"`lakehouse audit discard --table {table_identifier}`"
+        )
+        return
+    context.log.info(f"{table_identifier}: audited snapshot {state.audit} is not published yet; checking it again")
+    config, paths = lakehouse.config(), lakehouse.paths()
+    yield dg.MaterializeResult(
+        metadata={
+            "snapshot_id": str(state.audit),
+            "metadata_location": current_metadata_location(config, paths, table_identifier),
+            "branch": AUDIT_BRANCH,
+            "reported_again": True,
+            names.RUN_RANGES_METADATA: dg.JsonMetadataValue(ranges),
+        }
+    )
+
+
 def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDefinition:
     """The committer: publishes ready staged batches to ``table_identifier``, one commit per stream."""
 
@@ -269,6 +305,9 @@ def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDe
         config, paths = lakehouse.config(), lakehouse.paths()
         table = load_committed_table(config, paths, table_identifier)
         _signal_complete_days(context, table_identifier, [config.stream(s.name) for s in streams], table)
+        if outcome.awaiting_publish:
+            yield from _awaiting_publish(context, lakehouse, table_identifier, streams, outcome.awaiting_publish)
+            return
         if not outcome.results:
             context.log.info("nothing committed; the table is unchanged")
             return
@@ -278,6 +317,8 @@ def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDe
         }
         for result in outcome.results[:-1]:
             context.log_event(dg.AssetMaterialization(context.asset_key, metadata=commit_metadata(result)))
+        if config.audits(table_identifier):
+            after["branch"] = AUDIT_BRANCH
         yield dg.MaterializeResult(metadata=commit_metadata(outcome.results[-1]) | after | _run_ranges(outcome))
 
     return iceberg_table

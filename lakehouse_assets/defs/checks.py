@@ -2,12 +2,13 @@
 freshness check on each stream's backlog."""
 
 from collections.abc import Callable
+from pathlib import Path
 
 import dagster as dg
 
 from lakehouse_assets import checks
 from lakehouse_assets.batch_ledger import StreamLedger
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config import ExpectationSpec, StreamSpec
 from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
@@ -58,10 +59,28 @@ def _snapshot_check(
     return _check
 
 
+def blocking_expectations(streams: list[StreamSpec]) -> list[ExpectationSpec]:
+    """The expectations a commit must meet (``on_failure: block``), once per name."""
+    found: dict[str, ExpectationSpec] = {}
+    for stream in streams:
+        for expectation in stream.expectations:
+            if expectation.on_failure == "block":
+                found.setdefault(expectation.name, expectation)
+    return list(found.values())
+
+
+def blocking_check_names(streams: list[StreamSpec]) -> list[str]:
+    """The checks that must pass on a snapshot before it is published."""
+    change_checks = names.CHANGE_CHECK_NAMES if any(stream.applies_changes for stream in streams) else ()
+    expectations = (names.EXPECTATIONS_CHECK,) if blocking_expectations(streams) else ()
+    return [*names.CHECK_NAMES, *change_checks, *expectations]
+
+
 def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.AssetChecksDefinition]:
     """The commit checks of one table, each reading the committed snapshot with DuckDB."""
     asset_key = names.table_key(table_identifier)
     declared = streams[0].table_schema.columns
+    expectations = blocking_expectations(streams)
     evolves = any(stream.schema_evolution for stream in streams)
     registry = [
         (
@@ -85,6 +104,14 @@ def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.As
             lambda snapshot: checks.check_unique_data_files(iceberg_connection(), snapshot),
         ),
     ]
+    if expectations:
+        registry.append(
+            (
+                names.EXPECTATIONS_CHECK,
+                "Every row meets the streams' expectations (on_failure: block).",
+                lambda snapshot: checks.check_expectations(iceberg_connection(), snapshot, expectations),
+            )
+        )
     table_level = [_snapshot_check(asset_key, *entry) for entry in registry]
     table_level.extend([freshness_check(table_identifier, streams), dead_letters_check(table_identifier)])
     change_streams = [stream for stream in streams if stream.applies_changes]
@@ -141,14 +168,22 @@ def dead_letters_check(table_identifier: str) -> dg.AssetChecksDefinition:
         ranges = event.asset_materialization.metadata[names.RUN_RANGES_METADATA].value
         config, paths = lakehouse.config(), lakehouse.paths()
         identifier = dead_letter_identifier(table_identifier)
-        table = load_committed_table(config, paths, identifier)
-        location = current_metadata_location(config, paths, identifier)
-        snapshot = checks.CommittedSnapshot(location, table.current_snapshot().snapshot_id) if table else None
         connection = iceberg_connection()
-        outcomes = [
-            checks.check_no_new_dead_letters(connection, snapshot, stream, first, last)
-            for stream, (first, last) in sorted(ranges.items())
-        ]
+        if config.audits(table_identifier):
+            outcomes = [
+                checks.check_staged_rejects(
+                    connection, stream, first, last, _staged_parquet(paths.staging(stream), first, last)
+                )
+                for stream, (first, last) in sorted(ranges.items())
+            ]
+        else:
+            table = load_committed_table(config, paths, identifier)
+            location = current_metadata_location(config, paths, identifier)
+            snapshot = checks.CommittedSnapshot(location, table.current_snapshot().snapshot_id) if table else None
+            outcomes = [
+                checks.check_no_new_dead_letters(connection, snapshot, stream, first, last)
+                for stream, (first, last) in sorted(ranges.items())
+            ]
         reasons: dict[str, int] = {}
         for outcome in outcomes:
             for reason, count in outcome.metadata.get("reasons", {}).items():
@@ -165,6 +200,14 @@ def dead_letters_check(table_identifier: str) -> dg.AssetChecksDefinition:
         )
 
     return no_new_dead_letters
+
+
+def _staged_parquet(staging: Path, first: int, last: int) -> list[str]:
+    """The staged Parquet of batches ``first`` to ``last`` that still have it."""
+    records = StreamLedger(staging).batches()
+    return [
+        str(r.events_path()) for r in records if first <= r.sequence <= last and r.staged and r.events_path().is_dir()
+    ]
 
 
 def _last_published_changes(lakehouse: LakehouseResource, stream: StreamSpec) -> list[checks.CommittedChanges]:

@@ -18,6 +18,7 @@ KEYS_UNIQUE_CHECK = "identifier_keys_unique"
 CHANGES_APPLIED_CHECK = "changes_applied"
 FRESHNESS_CHECK = "lag_within_bound"
 DEAD_LETTERS_CHECK = "no_new_dead_letters"
+EXPECTATIONS_CHECK = "expectations_met"
 RUN_RANGES_METADATA = "batch_ranges_this_run"
 CHECK_NAMES = (SCHEMA_CHECK, ROW_COUNT_CHECK, SEQUENCE_CHECK, DATA_FILES_CHECK)
 CHANGE_CHECK_NAMES = (KEYS_UNIQUE_CHECK, CHANGES_APPLIED_CHECK)
@@ -25,6 +26,15 @@ CHANGE_CHECK_NAMES = (KEYS_UNIQUE_CHECK, CHANGES_APPLIED_CHECK)
 
 def table_key(table_identifier: str) -> dg.AssetKey:
     return dg.AssetKey(table_identifier.split("."))
+
+
+def published_key(table_identifier: str) -> dg.AssetKey:
+    """Main of a ``publish: audit`` table: what its readers see."""
+    return dg.AssetKey([*table_identifier.split("."), "published"])
+
+
+def publish_job_name(table_identifier: str) -> str:
+    return f"{table_identifier.replace('.', '_')}_publish_job"
 
 
 def complete_days_key(table_identifier: str) -> dg.AssetKey:

@@ -5,10 +5,12 @@ import time
 import dagster as dg
 
 from lakehouse_assets.batch_ledger import MintedBatch, StreamLedger
+from lakehouse_assets.branches import audit_state
 from lakehouse_assets.committer import plan_commit
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import StagedBatchConfig
+from lakehouse_assets.defs.publishing import failed_checks
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.recovery import committed_state
@@ -85,6 +87,15 @@ def staged_batches_sensor(table_identifier: str, streams: list[StreamSpec]) -> d
         config, paths = lakehouse.config(), lakehouse.paths()
         table = load_committed_table(config, paths, table_identifier)
         ready: dict[str, int] = {}
+        state = audit_state(table) if config.audits(table_identifier) else None
+        if state and state.awaiting_publish:
+            failed = failed_checks(context.instance, table_identifier, streams, state.audit)
+            if failed:
+                return dg.SkipReason(
+                    f"publishing stopped: {', '.join(failed)} failed on audited snapshot {state.audit}; fix and run "
+                    f"{names.publish_job_name(table_identifier)}, or discard (`lakehouse audit discard`)"
+                )
+            ready["audit branch, to check and publish"] = len(state.unpublished)
         for stream in streams:
             ledger = StreamLedger(paths.staging(stream.name))
             plan = plan_commit(ledger, stream.name, committed_state(table, stream.name).sequence)

@@ -1,0 +1,115 @@
+"""The published asset of a ``publish: audit`` table (its main branch) and the job that publishes it.
+
+The committer's run materializes the table (a commit to the audit branch), runs its blocking
+checks on that snapshot, then materializes ``<table>/published``: Dagster skips it when a blocking
+check fails. It also verifies the checks itself, in the instance, so materializing it on its own
+can never publish a snapshot that was not checked.
+"""
+
+import dagster as dg
+
+from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.defs import names
+from lakehouse_assets.defs.checks import blocking_check_names, committed_snapshot
+from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.errors import PublishRefusedError
+from lakehouse_assets.publishing import publish_table
+
+
+def checks_not_passed(
+    instance: dg.DagsterInstance, table_identifier: str, streams: list[StreamSpec], snapshot_id: int
+) -> dict[str, str]:
+    """The blocking checks whose latest evaluation did not pass on ``snapshot_id``, with what they
+    found (or that they have not run on it)."""
+    asset_key = names.table_key(table_identifier)
+    problems = {}
+    for name in blocking_check_names(streams):
+        record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(asset_key, name))
+        evaluation = record.evaluation if record else None
+        checked = evaluation.metadata.get("snapshot_id") if evaluation else None
+        if evaluation is None or checked is None or checked.value != str(snapshot_id):
+            problems[name] = f"has not run on snapshot {snapshot_id}"
+        elif not evaluation.passed:
+            found = evaluation.metadata.get("found")
+            problems[name] = f"failed: {found.value if found else evaluation.description}"
+    return problems
+
+
+def failed_checks(
+    instance: dg.DagsterInstance, table_identifier: str, streams: list[StreamSpec], snapshot_id: int
+) -> dict[str, str]:
+    """The blocking checks that ran on ``snapshot_id`` and failed."""
+    problems = checks_not_passed(instance, table_identifier, streams, snapshot_id)
+    return {name: found for name, found in problems.items() if found.startswith("failed")}
+
+
+def published_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDefinition:
+    """Main of ``table_identifier``: fast-forwarded to the audited snapshot once its checks passed."""
+    table_key = names.table_key(table_identifier)
+
+    @dg.asset(
+        key=names.published_key(table_identifier),
+        group_name=names.GROUP_NAME,
+        deps=[table_key],
+        kinds={"iceberg"},
+        pool=names.commit_pool(table_identifier),
+        output_required=False,
+        description=(
+            f"Main of {table_identifier}, what its readers see: moved to the audited snapshot only once "
+            "every blocking check passed on it (no data rewritten)."
+        ),
+    )
+    def published(context: dg.AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkResource):
+        snapshot = committed_snapshot(context, table_key)
+        not_passed = checks_not_passed(context.instance, table_identifier, streams, snapshot.snapshot_id)
+        if not_passed:
+            raise dg.Failure(
+                description=(
+                    f"{table_identifier}: snapshot {snapshot.snapshot_id} is not published: "
+                    + "; ".join(f"{name} {found}" for name, found in not_passed.items())
+                    + f". Fix, then run job {names.publish_job_name(table_identifier)}, or discard with "
+                    f"`lakehouse audit discard --table {table_identifier}`"
+                ),
+                metadata={"snapshot_id": str(snapshot.snapshot_id), "checks": dg.JsonMetadataValue(not_passed)},
+            )
+        session = spark.session(lakehouse)
+        try:
+            result = publish_table(
+                session,
+                lakehouse.config(),
+                lakehouse.paths(),
+                table_identifier,
+                snapshot.snapshot_id,
+                context.run.run_id,
+            )
+        except PublishRefusedError as refused:
+            raise dg.Failure(description=str(refused)) from None
+        if result is None:
+            context.log.info(f"{table_identifier}: main already has snapshot {snapshot.snapshot_id}")
+            return
+        context.log.info(
+            f"{table_identifier}: main moved from {result.previous_snapshot_id} to {result.snapshot_id} "
+            f"(batches {result.batch_ranges})"
+        )
+        yield dg.MaterializeResult(
+            metadata={
+                "snapshot_id": str(result.snapshot_id),
+                "previous_snapshot_id": str(result.previous_snapshot_id or ""),
+                "published_batches": dg.JsonMetadataValue(result.batch_ranges),
+                "dead_letters": result.dead_letters,
+                "publish_latency_seconds": round(result.publish_latency_seconds, 3),
+            }
+        )
+
+    return published
+
+
+def publish_job(table_identifier: str):  # -> UnresolvedAssetJobDefinition, not exported by dagster
+    """Runs the table's checks on its audited snapshot again and publishes it when they pass: the
+    way forward after fixing what made a check fail."""
+    return dg.define_asset_job(
+        names.publish_job_name(table_identifier),
+        selection=dg.AssetSelection.checks_for_assets(names.table_key(table_identifier))
+        | dg.AssetSelection.assets(names.published_key(table_identifier)),
+        description=f"Check the audited snapshot of {table_identifier} again and publish it when every check passes.",
+    )
