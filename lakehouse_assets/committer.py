@@ -12,6 +12,8 @@ A committer pass over one table:
    missing batch stops the stream with an error naming it);
 4. appends their dead letters to the dead-letter table, then publishes their rows: one append for
    all ready batches of an append stream, one MERGE per batch, in order, for a change stream.
+   Under ``publish: audit`` the rows go to the table's audit branch instead (and only while it
+   holds nothing main lacks), and the dead letters wait for the publish (``publishing``).
    Every commit carries the ``lakehouse.*`` summary keys; each table's own ancestry says whether
    its part is already done, so a crash between the two commits is completed, not repeated;
 5. decides whether a commit landed only by re-reading the ancestry, whatever the write call
@@ -431,8 +433,11 @@ def _commit_stream(
             (c for c in history.commits if c.stream == stream.name and c.first_sequence <= sequence <= c.last_sequence),
             None,
         )
-        snapshot_id = holder.snapshot_id if holder else history.base.snapshot_id if history.base else 0
-        ledger.record_committed(sequence, CommittedBatch(snapshot_id, sequence, time.time()))
+        if holder:
+            committed = CommittedBatch(holder.snapshot_id, holder.last_sequence, time.time())
+        else:
+            committed = CommittedBatch(history.base.snapshot_id if history.base else 0, sequence, time.time())
+        ledger.record_committed(sequence, committed)
     if publish_waits:
         return
     # Appends fold every ready batch into one commit. Changes commit one batch at a time, in order:
@@ -447,7 +452,12 @@ def _remove_published_attempts(ledger: StreamLedger, published_sequence: int) ->
     """Staged Parquet of batches that main holds, committed by earlier passes; the last pass's
     stays for its checks, and batches waiting on the audit branch keep theirs until published."""
     for record in ledger.batches():
-        if record.committed and record.sequence <= published_sequence and record.events_path().is_dir():
+        if (
+            record.committed
+            and record.staged
+            and record.sequence <= published_sequence
+            and record.events_path().is_dir()
+        ):
             ledger.remove_attempts(record.sequence)
             crash_point(faults.COMMITTER_DURING_CLEANUP)
 

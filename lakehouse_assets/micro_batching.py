@@ -17,7 +17,7 @@ from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.landing import LandingFile, landing_dir, list_landing_files
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.recovery import committed_state
+from lakehouse_assets.recovery import AUDIT_BRANCH, committed_state
 from lakehouse_assets.table_metadata import load_committed_table
 
 
@@ -94,14 +94,17 @@ def mint_next_batch(
         now = time.time() if now is None else now
         # A router commits only its unroutable events, to its dead-letter table.
         progress = stream.router_dead_letter_identifier if stream.is_router else stream.table_identifier
-        committed = committed_state(load_committed_table(config, paths, progress), stream.name).sequence
+        table = load_committed_table(config, paths, progress)
+        # Batches on an audit branch are not published: they still count against backpressure.
+        committed = committed_state(table, stream.name).sequence
+        on_any_branch = committed_state(table, stream.name, AUDIT_BRANCH).sequence if stream.publish == "audit" else 0
         held_back = backpressure(ledger, stream, committed)
         if held_back:
             return None, held_back
         decision = decide_flush(pending_files(paths, stream, ledger), stream, now, drain)
         if not decision.files:
             return None, decision.reason
-        sequence = max(ledger.highest_sequence(), committed) + 1
+        sequence = max(ledger.highest_sequence(), committed, on_any_branch) + 1
         batch = MintedBatch(
             stream=stream.name,
             sequence=sequence,

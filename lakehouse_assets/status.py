@@ -24,8 +24,11 @@ from lakehouse_assets.table_stats import table_stats
 
 def _check_status(record: Any) -> str:
     """SUCCEEDED, FAILED, or WARNED for a failed check of severity WARN (for example new dead letters)."""
-    evaluation = record.event.dagster_event.event_specific_data if record.event else None
-    if evaluation is not None and not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.WARN:
+    evaluation = record.evaluation
+    # A check planned by a run that died before it ran has no evaluation (no verdict) yet.
+    if not isinstance(evaluation, dg.AssetCheckEvaluation):
+        return record.status.value
+    if not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.WARN:
         return "WARNED"
     return record.status.value
 

@@ -94,6 +94,16 @@ def test_packaged_demo_config_is_used_without_a_file(monkeypatch, tmp_path):
             {"source": {"iceberg": {"table": "gold.orders", "catalog": {"type": "hadoop"}}}},
             "source.iceberg.catalog: a hadoop catalog needs its warehouse",
         ),
+        ({"publish": "staged"}, "stream 'orders': publish: Input should be 'direct' or 'audit'"),
+        (
+            {"expectations": [{"name": "positive", "condition": "amount > 0", "on_failure": "drop"}]},
+            "stream 'orders': expectations.0.on_failure: Input should be 'block' or 'dead_letter'",
+        ),
+        (
+            {"expectations": [{"name": "p", "condition": "amount > 0"}, {"name": "p", "condition": "amount < 9"}]},
+            "stream 'orders': expectations: duplicate expectation names: p",
+        ),
+        ({"expectations": [{"name": "amount >= 0", "condition": "amount >= 0"}]}, "expectation name 'amount >= 0'"),
     ],
 )
 def test_invalid_keys_are_named_with_their_stream(change, message):
@@ -134,6 +144,14 @@ def test_missing_config_file_named_by_env_is_an_error(monkeypatch, tmp_path):
     monkeypatch.setenv("LAKEHOUSE_CONFIG", str(tmp_path / "nope.yaml"))
     with pytest.raises(ConfigError, match="does not name a file"):
         load_config()
+
+
+def test_streams_of_one_table_must_agree_on_how_it_is_published():
+    clicks = {**ORDERS_STREAM, "name": "clicks", "publish": "audit"}
+    with pytest.raises(ConfigError, match="streams orders, clicks write sales.orders with different publish modes"):
+        parse_config({"streams": [ORDERS_STREAM, clicks]})
+    config = parse_config({"streams": [{**ORDERS_STREAM, "publish": "audit"}, clicks]})
+    assert config.audits("sales.orders")
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("0s", 0), ("250ms", 0.25), ("5m", 300), ("1h", 3600), (30, 30)])

@@ -25,7 +25,10 @@ def checks_not_passed(
     problems = {}
     for name in blocking_check_names(streams):
         record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(asset_key, name))
+        # A check planned by a run that died before it ran has a record but no evaluation yet.
         evaluation = record.evaluation if record else None
+        if not isinstance(evaluation, dg.AssetCheckEvaluation):
+            evaluation = None
         checked = evaluation.metadata.get("snapshot_id") if evaluation else None
         if evaluation is None or checked is None or checked.value != str(snapshot_id):
             problems[name] = f"has not run on snapshot {snapshot_id}"

@@ -1,0 +1,117 @@
+"""Write-audit-publish under failure: pipeline processes with ``publish: audit`` killed between the
+audit commit, the dead letters and the fast-forward of main, and a discard killed half-way; then
+restarted, with the invariant checker reading main against the landing oracle."""
+
+import json
+import shutil
+import signal
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from lakehouse_assets import faults
+from lakehouse_assets.branches import audit_state
+from lakehouse_assets.config import load_config
+from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.landing import land_events
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.runner import run_until_idle
+from lakehouse_assets.table_metadata import load_committed_table
+from lakehouse_assets_tests.fault_injection.conftest import _use_home
+from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
+from lakehouse_assets_tests.fault_injection.pipeline import (
+    PIPELINE,
+    land_round,
+    run_lakehouse_process,
+    run_pipeline_process,
+)
+
+pytestmark = pytest.mark.spark
+
+AMOUNT_LIMIT = {"name": "amount_below_limit", "condition": "amount < 1000"}
+TABLES = ("sales.orders", "crm.customers")
+PUBLISH_POINTS = (
+    faults.COMMITTER_AFTER_COMMIT,
+    faults.PUBLISH_AFTER_DEAD_LETTERS,
+    faults.PUBLISH_AFTER_FAST_FORWARD,
+)
+
+
+def _audited_pipeline(limit: dict) -> dict:
+    streams = [{**stream, "publish": "audit"} for stream in PIPELINE["streams"]]
+    streams[0] = {**streams[0], "expectations": [limit]}
+    return {"streams": streams}
+
+
+@pytest.fixture(scope="module")
+def audited_round_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("audited-pipeline")
+    work = base / "work"
+    (work / "dagster").mkdir(parents=True)
+    (work / "lakehouse.yaml").write_text(yaml.safe_dump(_audited_pipeline(AMOUNT_LIMIT)))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _use_home(work, monkeypatch)
+        config, paths = load_config(), LakehousePaths.from_env()
+        land_round(config, paths, 0)
+        with dg.DagsterInstance.get() as instance:
+            assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+        assert invariant_violations(config, paths) == []
+    shutil.copytree(work, base / "template")
+    return base
+
+
+@pytest.fixture
+def lakehouse_home(audited_round_template: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The audited pipeline's home with its first round published (overrides the root fixture)."""
+    work = audited_round_template / "work"
+    shutil.rmtree(work)
+    shutil.copytree(audited_round_template / "template", work)
+    _use_home(work, monkeypatch)
+    return work / "lakehouse"
+
+
+def _branches_agree(config, paths) -> bool:
+    """Nothing is left on an audit branch that main does not have."""
+    return not any(audit_state(load_committed_table(config, paths, table)).awaiting_publish for table in TABLES)
+
+
+@pytest.mark.parametrize("point", PUBLISH_POINTS)
+def test_an_audited_pipeline_killed_before_or_while_publishing_publishes_exactly_once(point, config, paths):
+    land_round(config, paths, 1)
+
+    crashed = run_pipeline_process({faults.CRASH_ENV: point})
+    assert crashed.returncode == -signal.SIGKILL, f"never reached {point}:\n{crashed.stdout[-3000:]}"
+    restarted = run_pipeline_process()
+    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
+
+    assert invariant_violations(config, paths) == []
+    assert _branches_agree(config, paths)
+
+
+def test_a_discard_killed_half_way_finishes_when_repeated_and_the_batch_publishes_once(config, paths, lakehouse_home):
+    land_round(config, paths, 1)
+    land_events(paths, config.stream("orders"), [json.dumps({"order_id": 10_000, "customer_id": 1, "amount": 5000.0})])
+    blocked = run_pipeline_process()
+    assert blocked.returncode == 1, blocked.stdout[-3000:]
+    assert audit_state(load_committed_table(config, paths, "sales.orders")).awaiting_publish
+
+    crashed = run_lakehouse_process(
+        ["audit", "discard", "--table", "sales.orders"], {faults.CRASH_ENV: faults.DISCARD_AFTER_UNSTAGING}
+    )
+    assert crashed.returncode == -signal.SIGKILL
+    repeated = run_lakehouse_process(["audit", "discard", "--table", "sales.orders"])
+    assert repeated.returncode == 0, repeated.stdout[-3000:] + repeated.stderr[-3000:]
+    assert "discarded audited snapshot" in repeated.stdout
+
+    # The fix: the limit was wrong. The discarded batch is staged again and published once.
+    (lakehouse_home.parent / "lakehouse.yaml").write_text(
+        yaml.safe_dump(_audited_pipeline({**AMOUNT_LIMIT, "condition": "amount < 10000"}))
+    )
+    restarted = run_pipeline_process()
+    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
+
+    config = load_config()
+    assert invariant_violations(config, paths) == []
+    assert _branches_agree(config, paths)
