@@ -48,14 +48,19 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
             assets.append(complete_days_asset(table_identifier, streams))
         asset_checks.extend(table_checks(table_identifier, streams))
         committed = [names.table_key(table_identifier)]
+        executor = None
         if config.audits(table_identifier):
             assets.append(published_asset(table_identifier, streams))
             jobs.append(publish_job(table_identifier))
             committed.append(names.published_key(table_identifier))
+            # Publishing is a Spark call; in the committer's process it reuses the committer's JVM
+            # instead of starting one per commit, as a step process of its own would.
+            executor = dg.in_process_executor
         jobs.append(
             dg.define_asset_job(
                 names.commit_job_name(table_identifier),
                 selection=dg.AssetSelection.assets(*committed),
+                executor_def=executor,
                 description=f"Commit ready staged batches to {table_identifier}, check the commit"
                 + (", and publish it when the checks pass." if config.audits(table_identifier) else "."),
             )

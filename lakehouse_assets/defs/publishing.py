@@ -115,4 +115,5 @@ def publish_job(table_identifier: str):  # -> UnresolvedAssetJobDefinition, not 
         selection=dg.AssetSelection.checks_for_assets(names.table_key(table_identifier))
         | dg.AssetSelection.assets(names.published_key(table_identifier)),
         description=f"Check the audited snapshot of {table_identifier} again and publish it when every check passes.",
+        executor_def=dg.in_process_executor,
     )
