@@ -14,6 +14,7 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.duck import iceberg_connection, scan
 from lakehouse_assets.landing import land_events
 from lakehouse_assets.runner import run_until_idle
+from lakehouse_assets.status import lakehouse_status
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets_tests.conftest import write_config
 
@@ -98,6 +99,8 @@ def test_a_batch_that_breaks_a_check_is_never_on_main_and_publishes_once_after_t
     assert evaluation.metadata["snapshot_id"].value == str(failed_snapshot)
     assert evaluation.metadata["rows_not_meeting"].value == {"amount_not_negative": 1}
     assert "1 rows do not meet amount_not_negative" in evaluation.metadata["found"].value
+    [status] = lakehouse_status(config, paths, instance)
+    assert (status["unpublished_batches"], status["last_checks"]["expectations_met"]) == ({"orders": [2, 2]}, "FAILED")
 
     # Later batches stay staged, in order; main and the audit branch do not move.
     _land(config, paths, {"order_id": 5, "amount": 2.0})
@@ -149,3 +152,41 @@ def test_discarded_batches_are_staged_again_with_the_fix_and_nothing_is_lost(pat
         ("missing required field 'order_id'", '{"amount": 1.0}'),
     ]
     assert failed_snapshot not in _main_history(config, paths)
+
+
+def test_maintenance_waits_while_a_commit_awaits_publishing_and_the_audit_branch_follows_it(
+    paths, tmp_path, monkeypatch, instance
+):
+    aggressive = {
+        "schedule": None,
+        "compaction": {"min_input_files": 2},
+        "expire_snapshots": {"older_than": "0s", "retain_last": 2},
+    }
+
+    def configure(condition):
+        document = _audited_orders({**NOT_NEGATIVE, "condition": condition})
+        document["streams"][0]["maintenance"] = aggressive
+        write_config(tmp_path, document, monkeypatch)
+        return load_config()
+
+    config = configure("amount >= 0")
+    _commit_a_negative_amount(config, paths, instance)
+    main_before = load_committed_table(config, paths, "sales.orders").current_snapshot().snapshot_id
+
+    # Compaction would move main away from the audit branch: it waits.
+    assert cli.main(["maintain", "--table", "sales.orders"]) == 0
+    table = load_committed_table(config, paths, "sales.orders")
+    assert table.current_snapshot().snapshot_id == main_before
+    assert audit_state(table).awaiting_publish
+
+    config = configure("amount >= -10")
+    assert cli.main(["audit", "publish", "--table", "sales.orders"]) == 0
+    assert cli.main(["maintain", "--table", "sales.orders"]) == 0
+    table = load_committed_table(config, paths, "sales.orders")
+    assert table.current_snapshot().summary.operation.value == "replace"  # compacted on main
+    assert audit_state(table).audit == table.current_snapshot().snapshot_id  # and the audit branch followed
+
+    _land(config, paths, {"order_id": 5, "amount": 2.0})
+    assert _run(config, instance).failed == []
+    assert _main_rows(config, paths) == [(1, 5.0), (2, 7.0), (3, -4.0), (4, 1.0), (5, 2.0)]
+    assert all(_check(instance, name).passed for name in (names.SEQUENCE_CHECK, names.ROW_COUNT_CHECK))
