@@ -195,20 +195,27 @@ def _audit_publish(args: argparse.Namespace) -> int:
 
 
 def _audit_discard(args: argparse.Namespace) -> int:
-    from lakehouse_assets.publishing import discard_audited
-    from lakehouse_assets.spark import lakehouse_session
+    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.runner import run_job
 
     paths, config = LakehousePaths.from_env(), load_config()
     _audited_table(config, args.table)
-    discarded = discard_audited(lakehouse_session(config, paths), config, paths, args.table)
-    if discarded is None:
+    job = build_definitions(config).resolve_job_def(names.discard_job_name(args.table))
+    with dagster_instance(paths) as instance:
+        result = run_job(job, instance)
+        observations = result.asset_observations_for_node(names.discard_op_name(args.table))
+    if not result.success:
+        print(f"{args.table}: discard run {result.run_id} FAILED; run it again (it finishes what it started)")
+        return 1
+    if not observations:
         print(f"{args.table}: the audit branch holds nothing unpublished; nothing to discard")
-        return 0
-    print(
-        f"{args.table}: discarded audited snapshot {discarded.discarded_snapshot_id}; the audit branch is back at "
-        f"main ({discarded.main_snapshot_id}). Batches {discarded.batch_ranges} are staged again from their "
-        "landing files, with the current configuration, by the next committer run"
-    )
+    for observation in observations:
+        metadata = observation.metadata
+        print(
+            f"{args.table}: discarded audited snapshot {metadata['discarded_snapshot_id'].value}; the audit branch "
+            f"is back at main. Batches {metadata['batches_to_stage_again'].value} are staged again from their "
+            "landing files, with the current configuration, by the next committer run"
+        )
     return 0
 
 

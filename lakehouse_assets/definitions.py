@@ -11,7 +11,7 @@ from lakehouse_assets.defs.checks import table_checks
 from lakehouse_assets.defs.freshness import freshness_job, freshness_schedules
 from lakehouse_assets.defs.iceberg_source import source_assets, source_job, source_sensor
 from lakehouse_assets.defs.maintenance import maintenance_job, maintenance_schedules
-from lakehouse_assets.defs.publishing import publish_job, published_asset
+from lakehouse_assets.defs.publishing import discard_job, publish_job, published_asset
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import landing_sensor, staged_batches_sensor
 from lakehouse_assets.paths import LakehousePaths
@@ -21,7 +21,7 @@ from lakehouse_assets.tables import require_static_tables
 def build_definitions(config: LakehouseConfig) -> dg.Definitions:
     """Per stream a writer asset, job and landing sensor (and for an Iceberg source its change
     export, search export, job and polling sensor); per table a committer asset, checks, commit
-    job and sensor (under ``publish: audit`` also the published asset and publish job), and
+    job and sensor (under ``publish: audit`` also the published asset, publish and discard jobs), and
     maintenance and freshness jobs with their schedules."""
     assets: list[dg.AssetsDefinition | dg.AssetSpec] = []
     asset_checks: list[dg.AssetChecksDefinition] = []
@@ -51,7 +51,7 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
         executor = None
         if config.audits(table_identifier):
             assets.append(published_asset(table_identifier, streams))
-            jobs.append(publish_job(table_identifier))
+            jobs.extend([publish_job(table_identifier), discard_job(table_identifier)])
             committed.append(names.published_key(table_identifier))
             # Publishing is a Spark call; in the committer's process it reuses the committer's JVM
             # instead of starting one per commit, as a step process of its own would.

@@ -99,7 +99,9 @@ def run_job(
     run_config: dict | None = None,
     tags: dict[str, str] | None = None,
 ) -> dg.ExecuteInProcessResult:
-    """Execute ``job`` in this process, recorded in ``instance`` and tagged with this process."""
+    """Execute ``job`` in this process, recorded in ``instance`` and tagged with this process,
+    after failing the runs of dead processes (which would hold its pool slot for ever)."""
+    fail_runs_of_dead_processes(instance)
     return job.execute_in_process(
         run_config={**(run_config or {}), **QUIET_CONSOLE},
         instance=instance,

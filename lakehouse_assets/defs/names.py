@@ -37,6 +37,14 @@ def publish_job_name(table_identifier: str) -> str:
     return f"{table_identifier.replace('.', '_')}_publish_job"
 
 
+def discard_job_name(table_identifier: str) -> str:
+    return f"{table_identifier.replace('.', '_')}_discard_audit_job"
+
+
+def discard_op_name(table_identifier: str) -> str:
+    return f"discard_audit_{table_identifier.replace('.', '_')}"
+
+
 def complete_days_key(table_identifier: str) -> dg.AssetKey:
     return dg.AssetKey([*table_identifier.split("."), "complete_days"])
 

@@ -1,4 +1,5 @@
-"""The published asset of a ``publish: audit`` table (its main branch) and the job that publishes it.
+"""The published asset of a ``publish: audit`` table (its main branch), the job that publishes it
+after a fix, and the job that discards what its audit branch holds.
 
 The committer's run materializes the table (a commit to the audit branch), runs its blocking
 checks on that snapshot, then materializes ``<table>/published``: Dagster skips it when a blocking
@@ -13,7 +14,7 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.defs.checks import blocking_check_names, committed_snapshot
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import PublishRefusedError
-from lakehouse_assets.publishing import publish_table
+from lakehouse_assets.publishing import discard_audited, publish_table
 
 
 def checks_not_passed(
@@ -117,3 +118,47 @@ def publish_job(table_identifier: str):  # -> UnresolvedAssetJobDefinition, not 
         description=f"Check the audited snapshot of {table_identifier} again and publish it when every check passes.",
         executor_def=dg.in_process_executor,
     )
+
+
+def discard_job(table_identifier: str) -> dg.JobDefinition:
+    """Drops the audit branch's unpublished commits; their batches are staged again, with the
+    configuration of that time, by the next committer run."""
+
+    @dg.op(
+        name=names.discard_op_name(table_identifier),
+        pool=names.commit_pool(table_identifier),
+        description=f"Point the audit branch of {table_identifier} back at main and stage its batches again.",
+    )
+    def discard(context: dg.OpExecutionContext, lakehouse: LakehouseResource, spark: SparkResource) -> None:
+        config, paths = lakehouse.config(), lakehouse.paths()
+        result = discard_audited(spark.session(lakehouse), config, paths, table_identifier)
+        if result is None:
+            context.log.info(f"{table_identifier}: the audit branch holds nothing unpublished; nothing to discard")
+            return
+        context.log.warning(
+            f"{table_identifier}: discarded audited snapshot {result.discarded_snapshot_id}; batches "
+            f"{result.batch_ranges} are staged again from their landing files by the next committer run"
+        )
+        context.log_event(
+            dg.AssetObservation(
+                asset_key=names.table_key(table_identifier),
+                metadata={
+                    "discarded_snapshot_id": str(result.discarded_snapshot_id),
+                    "audit_branch_reset_to": str(result.main_snapshot_id or ""),
+                    "batches_to_stage_again": dg.JsonMetadataValue(result.batch_ranges),
+                },
+            )
+        )
+
+    @dg.job(
+        name=names.discard_job_name(table_identifier),
+        description=(
+            f"Discard the audited, unpublished commits of {table_identifier}: main is untouched, the batches "
+            "are staged again from their landing files (after you fixed the configuration) and committed again."
+        ),
+        tags={names.TABLE_TAG: table_identifier},
+    )
+    def _job() -> None:
+        discard()
+
+    return _job
