@@ -30,12 +30,11 @@ def _use_home(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JAVA_TOOL_OPTIONS", FAST_START_JAVA_OPTIONS)
 
 
-@pytest.fixture(scope="session")
-def first_round_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("fault-pipeline")
+def committed_first_round(base: Path, pipeline: dict) -> Path:
+    """Run ``pipeline``'s first round in ``base/work`` and keep a copy of it in ``base/template``."""
     work = base / "work"
     (work / "dagster").mkdir(parents=True)
-    (work / "lakehouse.yaml").write_text(yaml.safe_dump(PIPELINE))
+    (work / "lakehouse.yaml").write_text(yaml.safe_dump(pipeline))
     with pytest.MonkeyPatch.context() as monkeypatch:
         _use_home(work, monkeypatch)
         config, paths = load_config(), LakehousePaths.from_env()
@@ -47,11 +46,21 @@ def first_round_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base
 
 
+def restored_first_round(base: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh copy of the first round kept by :func:`committed_first_round`, in use; its home."""
+    work = base / "work"
+    shutil.rmtree(work)
+    shutil.copytree(base / "template", work)
+    _use_home(work, monkeypatch)
+    return work / "lakehouse"
+
+
+@pytest.fixture(scope="session")
+def first_round_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return committed_first_round(tmp_path_factory.mktemp("fault-pipeline"), PIPELINE)
+
+
 @pytest.fixture
 def lakehouse_home(first_round_template: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The fault pipeline's home with its first round committed (overrides the root fixture)."""
-    work = first_round_template / "work"
-    shutil.rmtree(work)
-    shutil.copytree(first_round_template / "template", work)
-    _use_home(work, monkeypatch)
-    return work / "lakehouse"
+    return restored_first_round(first_round_template, monkeypatch)

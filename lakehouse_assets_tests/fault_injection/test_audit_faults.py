@@ -3,23 +3,18 @@ audit commit, the dead letters and the fast-forward of main, and a discard kille
 restarted, with the invariant checker reading main against the landing oracle."""
 
 import json
-import shutil
 import signal
 from pathlib import Path
 
-import dagster as dg
 import pytest
 import yaml
 
 from lakehouse_assets import faults
 from lakehouse_assets.branches import audit_state
 from lakehouse_assets.config import load_config
-from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.landing import land_events
-from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets.table_metadata import load_committed_table
-from lakehouse_assets_tests.fault_injection.conftest import _use_home
+from lakehouse_assets_tests.fault_injection.conftest import committed_first_round, restored_first_round
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
     PIPELINE,
@@ -47,29 +42,13 @@ def _audited_pipeline(limit: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def audited_round_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("audited-pipeline")
-    work = base / "work"
-    (work / "dagster").mkdir(parents=True)
-    (work / "lakehouse.yaml").write_text(yaml.safe_dump(_audited_pipeline(AMOUNT_LIMIT)))
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        _use_home(work, monkeypatch)
-        config, paths = load_config(), LakehousePaths.from_env()
-        land_round(config, paths, 0)
-        with dg.DagsterInstance.get() as instance:
-            assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
-        assert invariant_violations(config, paths) == []
-    shutil.copytree(work, base / "template")
-    return base
+    return committed_first_round(tmp_path_factory.mktemp("audited-pipeline"), _audited_pipeline(AMOUNT_LIMIT))
 
 
 @pytest.fixture
 def lakehouse_home(audited_round_template: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The audited pipeline's home with its first round published (overrides the root fixture)."""
-    work = audited_round_template / "work"
-    shutil.rmtree(work)
-    shutil.copytree(audited_round_template / "template", work)
-    _use_home(work, monkeypatch)
-    return work / "lakehouse"
+    return restored_first_round(audited_round_template, monkeypatch)
 
 
 def _branches_agree(config, paths) -> bool:
