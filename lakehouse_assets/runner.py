@@ -167,6 +167,10 @@ def run_until_idle(
                 log(("ok     " if result.success else "FAILED ") + label)
                 if not result.success:
                     stalled.add(sensor.name)
+                    for check in result.get_asset_check_evaluations():
+                        if not check.passed and check.severity == dg.AssetCheckSeverity.ERROR:
+                            found = check.metadata.get("found")
+                            log(f"       check {check.check_name} failed: {found.value if found else ''}")
                 progressed = True
         if not progressed:
             return report
