@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from lakehouse_assets.config import LakehouseConfig, load_config
+from lakehouse_assets.config import load_config
 from lakehouse_assets.defs import names
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.landing import land_events
@@ -166,20 +166,27 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _audit_publish(args: argparse.Namespace) -> int:
+def _run_audit_job(table: str, job_name: str) -> dg.ExecuteInProcessResult:
+    """Run one of an audited table's jobs in this process, recorded in the Dagster instance."""
     from lakehouse_assets.definitions import build_definitions
     from lakehouse_assets.runner import run_job
 
     paths, config = LakehousePaths.from_env(), load_config()
-    _audited_table(config, args.table)
-    job = build_definitions(config).resolve_job_def(names.publish_job_name(args.table))
+    if table not in config.tables():
+        raise ConfigError(f"unknown table {table!r}; configured tables: {', '.join(config.tables())}")
+    if not config.audits(table):
+        raise ConfigError(f"{table} is published directly (publish: direct); it has no audit branch")
     with dagster_instance(paths) as instance:
-        result = run_job(job, instance)
-        for check in result.get_asset_check_evaluations():
-            found = check.metadata.get("found")
-            verdict = "passed" if check.passed else "FAILED"
-            print(f"check {check.check_name}: {verdict}" + (f": {found.value}" if found else ""))
-        published = result.asset_materializations_for_node(names.published_key(args.table).to_python_identifier())
+        return run_job(build_definitions(config).resolve_job_def(job_name), instance)
+
+
+def _audit_publish(args: argparse.Namespace) -> int:
+    result = _run_audit_job(args.table, names.publish_job_name(args.table))
+    for check in result.get_asset_check_evaluations():
+        found = check.metadata.get("found")
+        verdict = "passed" if check.passed else "FAILED"
+        print(f"check {check.check_name}: {verdict}" + (f": {found.value}" if found else ""))
+    published = result.asset_materializations_for_node(names.published_key(args.table).to_python_identifier())
     for materialization in published:
         metadata = materialization.metadata
         print(
@@ -195,15 +202,8 @@ def _audit_publish(args: argparse.Namespace) -> int:
 
 
 def _audit_discard(args: argparse.Namespace) -> int:
-    from lakehouse_assets.definitions import build_definitions
-    from lakehouse_assets.runner import run_job
-
-    paths, config = LakehousePaths.from_env(), load_config()
-    _audited_table(config, args.table)
-    job = build_definitions(config).resolve_job_def(names.discard_job_name(args.table))
-    with dagster_instance(paths) as instance:
-        result = run_job(job, instance)
-        observations = result.asset_observations_for_node(names.discard_op_name(args.table))
+    result = _run_audit_job(args.table, names.discard_job_name(args.table))
+    observations = result.asset_observations_for_node(names.discard_op_name(args.table))
     if not result.success:
         print(f"{args.table}: discard run {result.run_id} FAILED; run it again (it finishes what it started)")
         return 1
@@ -217,13 +217,6 @@ def _audit_discard(args: argparse.Namespace) -> int:
             "landing files, with the current configuration, by the next committer run"
         )
     return 0
-
-
-def _audited_table(config: LakehouseConfig, table: str) -> None:
-    if table not in config.tables():
-        raise ConfigError(f"unknown table {table!r}; configured tables: {', '.join(config.tables())}")
-    if not config.audits(table):
-        raise ConfigError(f"{table} is published directly (publish: direct); it has no audit branch")
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from lakehouse_assets import faults
 from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.landing import land_events
@@ -104,6 +106,15 @@ def run_lakehouse_process(
         timeout=timeout,
         check=False,
     )
+
+
+def kill_at_then_restart(point: str) -> None:
+    """Run the pipeline until it is killed (SIGKILL) at fault point ``point``, then run it again to
+    the end; fails when the point is never reached or the restart fails."""
+    crashed = run_pipeline_process({faults.CRASH_ENV: point})
+    assert crashed.returncode == -signal.SIGKILL, f"never reached {point}:\n{crashed.stdout[-3000:]}"
+    restarted = run_pipeline_process()
+    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
 
 
 def start_pipeline_process(extra_env: dict[str, str], log: Path) -> subprocess.Popen:

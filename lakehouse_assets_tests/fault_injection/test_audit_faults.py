@@ -18,6 +18,7 @@ from lakehouse_assets_tests.fault_injection.conftest import committed_first_roun
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
     PIPELINE,
+    kill_at_then_restart,
     land_round,
     run_lakehouse_process,
     run_pipeline_process,
@@ -60,10 +61,7 @@ def _branches_agree(config, paths) -> bool:
 def test_an_audited_pipeline_killed_before_or_while_publishing_publishes_exactly_once(point, config, paths):
     land_round(config, paths, 1)
 
-    crashed = run_pipeline_process({faults.CRASH_ENV: point})
-    assert crashed.returncode == -signal.SIGKILL, f"never reached {point}:\n{crashed.stdout[-3000:]}"
-    restarted = run_pipeline_process()
-    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
+    kill_at_then_restart(point)
 
     assert invariant_violations(config, paths) == []
     assert _branches_agree(config, paths)

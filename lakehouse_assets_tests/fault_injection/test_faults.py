@@ -22,6 +22,7 @@ from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
+    kill_at_then_restart,
     land_round,
     remove_staged_parquet,
     run_pipeline_process,
@@ -44,10 +45,7 @@ def _commits_per_batch(config, paths, identifier):
 def test_a_pipeline_killed_at_each_point_recovers_exactly_once(point, config, paths):
     land_round(config, paths, 1)
 
-    crashed = run_pipeline_process({faults.CRASH_ENV: point})
-    assert crashed.returncode == -signal.SIGKILL, f"never reached {point}:\n{crashed.stdout[-3000:]}"
-    restarted = run_pipeline_process()
-    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
+    kill_at_then_restart(point)
 
     assert invariant_violations(config, paths) == []
 
