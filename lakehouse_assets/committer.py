@@ -135,6 +135,16 @@ def plan_commit(ledger: StreamLedger, stream: str, committed_sequence: int) -> C
     return CommitPlan(stream, committed_sequence, ready, recovered, waiting_on)
 
 
+def seconds_until_commit_due(table: Table | None, streams: list[StreamSpec], now: float | None = None) -> float:
+    """How long the table's next commit must wait for ``commit_interval`` (the shortest of its
+    streams') since its current snapshot; 0 when a commit may happen now."""
+    current = table.current_snapshot() if table else None
+    if current is None:
+        return 0.0
+    since_commit = (time.time() if now is None else now) - current.timestamp_ms / 1000
+    return max(0.0, min(stream.commit_interval for stream in streams) - since_commit)
+
+
 def _summary_properties(
     stream: StreamSpec, batches: list[BatchRecord], rows: int, net_rows: int, epoch: int, run_id: str
 ) -> dict[str, str]:

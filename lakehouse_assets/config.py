@@ -451,11 +451,21 @@ class StreamSpec(_Strict):
         return None
 
 
+class SparkHostSpec(_Strict):
+    """The Spark host: one warm Spark driver shared by the Dagster runs of a lakehouse home
+    (``lakehouse_assets.spark_host``), instead of a Spark JVM started by every run."""
+
+    enabled: bool = True
+    idle_timeout: Duration = Field(default=600.0, gt=0)
+    """The host exits after this long without a call; the next run starts it again."""
+
+
 class LakehouseConfig(_Strict):
     """The whole pipeline: catalog properties for catalog ``lake`` and the streams."""
 
     catalog: dict[str, str] = Field(default_factory=lambda: {"type": "hadoop"})
     spark: dict[str, str] = Field(default_factory=dict)
+    spark_host: SparkHostSpec = Field(default_factory=SparkHostSpec)
     streams: list[StreamSpec]
 
     @field_validator("catalog", "spark", mode="before")

@@ -35,7 +35,7 @@ from functools import reduce
 
 from pyiceberg.schema import Schema
 from pyiceberg.types import FixedType, IcebergType, StructType, UUIDType
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -53,6 +53,11 @@ UUID_TEXT = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a
 _ROW = "_lakehouse_row"
 _RAW_OPERATION = "_lakehouse_raw_operation"
 _RAW = "_lakehouse_raw"
+_SPLIT = "_lakehouse_split"
+_ROW_ID = "_lakehouse_row_id"
+_SPLIT_LINES = "_lakehouse_split_lines"
+_SPLIT_FIRST_ROW = "_lakehouse_split_first_row"
+_LINES_BEFORE = "_lakehouse_lines_before"
 INTEGER_TEXT = r"^\s*-?\d+\s*$"
 
 
@@ -189,13 +194,39 @@ def _rejection_reason(fields: list[T.StructField], stream: StreamSpec, identifie
 
 
 def read_landing_lines(spark: SparkSession, files: list[str]) -> DataFrame:
-    """One row per non-empty line of the files: its text, file name and 1-based line number."""
-    whole_files = spark.read.text(files, wholetext=True).select(
-        F.col("value"), F.element_at(F.split(F.input_file_name(), "/"), -1).alias(SOURCE_FILE_COLUMN)
+    """One row per non-empty line of the files: its text, file name and 1-based line number.
+
+    Spark's splittable text reader streams each split of a file in order but gives no line
+    numbers, so lines are numbered per split: a first, cheap pass counts the lines of every split
+    (a few rows, broadcast), and a line's number is the lines of its file's earlier splits plus its
+    place in its own split. The place comes from ``monotonically_increasing_id``, which counts a
+    partition's rows in reading order; it is taken before any filter (Spark pushes no filter
+    below it), and both passes plan the same splits, so it is the same in both.
+    """
+    raw = (
+        spark.read.option("lineSep", "\n")
+        .text(files)
+        .select(
+            F.col("value").alias(EVENT_COLUMN),
+            F.col("_metadata.file_name").alias(SOURCE_FILE_COLUMN),
+            F.col("_metadata.file_block_start").alias(_SPLIT),
+            F.monotonically_increasing_id().alias(_ROW_ID),
+        )
     )
-    lines = whole_files.select(SOURCE_FILE_COLUMN, F.posexplode(F.split(F.col("value"), "\n")).alias("index", "text"))
-    return lines.where(F.trim(F.col("text")) != "").select(
-        F.col("text").alias(EVENT_COLUMN), SOURCE_FILE_COLUMN, (F.col("index") + 1).alias(LINE_COLUMN)
+    splits = raw.groupBy(SOURCE_FILE_COLUMN, _SPLIT).agg(
+        F.count(F.lit(1)).alias(_SPLIT_LINES), F.min(_ROW_ID).alias(_SPLIT_FIRST_ROW)
+    )
+    earlier_splits = Window.partitionBy(SOURCE_FILE_COLUMN).orderBy(_SPLIT)
+    offsets = splits.select(
+        SOURCE_FILE_COLUMN,
+        _SPLIT,
+        _SPLIT_FIRST_ROW,
+        (F.sum(_SPLIT_LINES).over(earlier_splits) - F.col(_SPLIT_LINES)).alias(_LINES_BEFORE),
+    )
+    numbered = raw.join(F.broadcast(offsets), [SOURCE_FILE_COLUMN, _SPLIT])
+    line = F.col(_LINES_BEFORE) + F.col(_ROW_ID) - F.col(_SPLIT_FIRST_ROW) + 1
+    return numbered.where(F.trim(F.col(EVENT_COLUMN)) != "").select(
+        EVENT_COLUMN, SOURCE_FILE_COLUMN, line.alias(LINE_COLUMN)
     )
 
 

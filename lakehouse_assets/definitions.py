@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from lakehouse_assets.config import LakehouseConfig, load_config
+from lakehouse_assets.config import LakehouseConfig, StreamSpec, load_config
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import complete_days_asset, router_asset, staged_batches_asset, table_asset
 from lakehouse_assets.defs.checks import table_checks
@@ -19,10 +19,11 @@ from lakehouse_assets.tables import require_static_tables
 
 
 def build_definitions(config: LakehouseConfig) -> dg.Definitions:
-    """Per stream a writer asset, job and landing sensor (and for an Iceberg source its change
-    export, search export, job and polling sensor); per table a committer asset, checks, commit
-    job and sensor (under ``publish: audit`` also the published asset, publish and discard jobs), and
-    maintenance and freshness jobs with their schedules."""
+    """Per stream a writer asset, job (stage, then commit) and landing sensor (and for an Iceberg
+    source its change export, search export, job and polling sensor); per table a committer asset,
+    checks, commit job (for what writer runs left) and sensor (under ``publish: audit`` also the
+    published asset, publish and discard jobs), and maintenance and freshness jobs with their
+    schedules."""
     assets: list[dg.AssetsDefinition | dg.AssetSpec] = []
     asset_checks: list[dg.AssetChecksDefinition] = []
     jobs = []
@@ -30,13 +31,7 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
     loaded_tables = frozenset(config.tables())
     for stream in config.streams:
         assets.append(router_asset(stream, loaded_tables) if stream.is_router else staged_batches_asset(stream))
-        jobs.append(
-            dg.define_asset_job(
-                names.stage_job_name(stream.name),
-                selection=dg.AssetSelection.assets(names.staged_batches_key(stream.name)),
-                description=f"Stage one batch of stream {stream.name}.",
-            )
-        )
+        jobs.append(stage_job(config, stream))
         sensors.append(landing_sensor(stream))
         if stream.iceberg_source:
             assets.extend(source_assets(stream))
@@ -47,20 +42,14 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
         if any(stream.completeness for stream in streams):
             assets.append(complete_days_asset(table_identifier, streams))
         asset_checks.extend(table_checks(table_identifier, streams))
-        committed = [names.table_key(table_identifier)]
-        executor = None
         if config.audits(table_identifier):
             assets.append(published_asset(table_identifier, streams))
             jobs.extend([publish_job(table_identifier), discard_job(table_identifier)])
-            committed.append(names.published_key(table_identifier))
-            # Publishing is a Spark call; in the committer's process it reuses the committer's JVM
-            # instead of starting one per commit, as a step process of its own would.
-            executor = dg.in_process_executor
         jobs.append(
             dg.define_asset_job(
                 names.commit_job_name(table_identifier),
-                selection=dg.AssetSelection.assets(*committed),
-                executor_def=executor,
+                selection=committed_assets(config, table_identifier),
+                tags={names.RUN_KIND_TAG: "committer", names.PRIORITY_TAG: str(names.COMMITTER_PRIORITY)},
                 description=f"Commit ready staged batches to {table_identifier}, check the commit"
                 + (", and publish it when the checks pass." if config.audits(table_identifier) else "."),
             )
@@ -75,6 +64,34 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
         sensors=sensors,
         schedules=maintenance_schedules(config) + freshness_schedules(config),
         resources={"lakehouse": LakehouseResource(), "spark": SparkResource()},
+        # Each run is one process with one Spark JVM: its steps (stage, commit, the checks, publish)
+        # share it instead of starting a process, and a JVM, per step.
+        executor=dg.in_process_executor,
+    )
+
+
+def committed_assets(config: LakehouseConfig, table_identifier: str) -> dg.AssetSelection:
+    """What a commit to the table materializes: the table (with its checks), and under ``publish:
+    audit`` its published main."""
+    committed = [names.table_key(table_identifier)]
+    if config.audits(table_identifier):
+        committed.append(names.published_key(table_identifier))
+    return dg.AssetSelection.assets(*committed)
+
+
+def stage_job(config: LakehouseConfig, stream: StreamSpec):  # -> UnresolvedAssetJobDefinition, not exported
+    """The writer run of one batch: stage it, then, in the same process and JVM, commit it and
+    check the commit (the table's step waits for the table's commit pool, and leaves the commit
+    to the committer run while ``commit_interval`` has not passed). A router only routes."""
+    selection = dg.AssetSelection.assets(names.staged_batches_key(stream.name))
+    if not stream.is_router:
+        selection = selection | committed_assets(config, stream.table_identifier)
+    return dg.define_asset_job(
+        names.stage_job_name(stream.name),
+        selection=selection,
+        tags={names.RUN_KIND_TAG: "writer"},
+        description=f"Stage one batch of stream {stream.name}"
+        + ("." if stream.is_router else f" and commit it to {stream.table_identifier}, with its checks."),
     )
 
 

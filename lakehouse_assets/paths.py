@@ -44,8 +44,13 @@ class LakehousePaths:
         return self.home / "exports" / stream
 
     @property
+    def state(self) -> Path:
+        """Local state that may be lost: locks, the Spark host's key and log."""
+        return self.home / "state"
+
+    @property
     def locks(self) -> Path:
-        return self.home / "state" / "locks"
+        return self.state / "locks"
 
     @property
     def dagster_home(self) -> Path:

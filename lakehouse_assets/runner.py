@@ -29,7 +29,9 @@ IN_PROGRESS_STATUSES = [
     dg.DagsterRunStatus.CANCELING,
 ]
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-UNTIL_IDLE_RESOURCES = {"resources": {"lakehouse": {"config": {"until_idle": True}}}}
+# Runs executed here keep one Spark JVM in this process rather than use the Spark host.
+IN_PROCESS_SPARK = {"spark": {"config": {"use_host": False}}}
+UNTIL_IDLE_RESOURCES = {"lakehouse": {"config": {"until_idle": True}}}
 
 
 @dataclass
@@ -102,8 +104,13 @@ def run_job(
     """Execute ``job`` in this process, recorded in ``instance`` and tagged with this process,
     after failing the runs of dead processes (which would hold its pool slot for ever)."""
     fail_runs_of_dead_processes(instance)
+    run_config = run_config or {}
     return job.execute_in_process(
-        run_config={**(run_config or {}), **QUIET_CONSOLE},
+        run_config={
+            **run_config,
+            **QUIET_CONSOLE,
+            "resources": {**run_config.get("resources", {}), **IN_PROCESS_SPARK},
+        },
         instance=instance,
         tags={**(tags or {}), PROCESS_TAG: _process_label()},
         raise_on_error=False,
@@ -161,7 +168,7 @@ def run_until_idle(
                 tags = {**request.tags, SENSOR_NAME_TAG: sensor.name}
                 if request.run_key:
                     tags[RUN_KEY_TAG] = request.run_key
-                result = run_job(job, instance, {**request.run_config, **UNTIL_IDLE_RESOURCES}, tags)
+                result = run_job(job, instance, {**request.run_config, "resources": UNTIL_IDLE_RESOURCES}, tags)
                 label = f"{job.name} ({request.run_key or 'no run key'}) run {result.run_id}"
                 (report.succeeded if result.success else report.failed).append(label)
                 log(("ok     " if result.success else "FAILED ") + label)

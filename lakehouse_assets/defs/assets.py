@@ -1,15 +1,15 @@
 """The staged-batches asset of each stream (the writer or router) and the Iceberg table asset (the committer)."""
 
+import time
 from collections.abc import Iterator
 from datetime import date, timedelta
 
 import dagster as dg
 from pyiceberg.table import Table
-from pyspark.sql import SparkSession
 
 from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.branches import AuditState
-from lakehouse_assets.committer import CommitPass, CommitResult, commit_table
+from lakehouse_assets.committer import CommitPass, CommitResult, commit_table, seconds_until_commit_due
 from lakehouse_assets.completeness import complete_days, table_watermark
 from lakehouse_assets.config import StreamSpec, routed_stream_name
 from lakehouse_assets.dead_letters import dead_letter_identifier
@@ -49,11 +49,14 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
         lakehouse: LakehouseResource,
         spark: SparkResource,
     ) -> dg.MaterializeResult:
-        outcome = stage_batch(
-            spark.session(lakehouse),
-            lakehouse.config(),
+        started = time.monotonic()
+        settings = lakehouse.config()
+        outcome = spark.run(
+            lakehouse,
+            stage_batch,
+            settings,
             lakehouse.paths(),
-            lakehouse.config().stream(stream.name),
+            settings.stream(stream.name),
             config.sequence,
             expected_files=config.files,
             run_id=context.run.run_id,
@@ -73,6 +76,7 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
                 "attempt": staged.attempt,
                 "written_by_this_run": outcome.written_now,
                 "max_event_time": staged.max_event_time or "",
+                "stage_seconds": round(time.monotonic() - started, 3),
             }
         )
 
@@ -100,8 +104,7 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
         settings, paths = lakehouse.config(), lakehouse.paths()
         router = settings.stream(stream.name)
         minted_record(StreamLedger(paths.staging(stream.name)), router, config.sequence, config.files)
-        session = spark.session(lakehouse)
-        routed = route_batches(session, settings, paths, router, config.sequence, context.run.run_id)
+        routed = spark.run(lakehouse, route_batches, settings, paths, router, config.sequence, context.run.run_id)
         events: dict[str, int] = {}
         for batch in routed:
             context.log.info(f"batch {batch.sequence}: routed {batch.routes}, {batch.rejected} to the dead letters")
@@ -109,7 +112,7 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
                 events[table] = events.get(table, 0) + count
         new_tables = sorted(set(events) - loaded_tables)
         if new_tables and not lakehouse.until_idle:
-            _commit_new_routes(context, lakehouse, session, router, new_tables)
+            _commit_new_routes(context, lakehouse, spark, router, new_tables)
         return dg.MaterializeResult(
             metadata={
                 "sequence": config.sequence,
@@ -127,7 +130,7 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
 def _commit_new_routes(
     context: dg.AssetExecutionContext,
     lakehouse: LakehouseResource,
-    session: SparkSession,
+    spark: SparkResource,
     router: StreamSpec,
     tables: list[str],
 ) -> None:
@@ -148,8 +151,8 @@ def _commit_new_routes(
             pass
         for record in StreamLedger(paths.staging(stream.name)).batches():
             if record.staged is None:
-                stage_batch(session, config, paths, stream, record.sequence, run_id=context.run.run_id)
-        outcome = commit_table(session, config, paths, table, context.run.run_id)
+                spark.run(lakehouse, stage_batch, config, paths, stream, record.sequence, run_id=context.run.run_id)
+        outcome = spark.run(lakehouse, commit_table, config, paths, table, context.run.run_id)
         for result in outcome.results:
             context.log_event(dg.AssetMaterialization(names.table_key(table), metadata=commit_metadata(result)))
 
@@ -278,9 +281,18 @@ def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDe
         lakehouse: LakehouseResource,
         spark: SparkResource,
     ) -> Iterator[dg.MaterializeResult]:
+        if context.job_name != names.commit_job_name(table_identifier) and not lakehouse.until_idle:
+            # A writer run commits what it staged only when commit_interval allows; otherwise the
+            # committer run, which the staged-batches sensor launches once it has, commits it.
+            wait = seconds_until_commit_due(
+                load_committed_table(lakehouse.config(), lakehouse.paths(), table_identifier), streams
+            )
+            if wait > 0:
+                context.log.info(f"commit_interval: {wait:.1f}s until the next commit; the committer run commits then")
+                return
         try:
-            outcome = commit_table(
-                spark.session(lakehouse), lakehouse.config(), lakehouse.paths(), table_identifier, context.run.run_id
+            outcome = spark.run(
+                lakehouse, commit_table, lakehouse.config(), lakehouse.paths(), table_identifier, context.run.run_id
             )
         except SequenceGapError as gap:
             # A gap must be loud: fail the run, and fail the sequence check where the UI shows it.

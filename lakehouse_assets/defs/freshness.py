@@ -15,6 +15,7 @@ def freshness_job(table_identifier: str):
     return dg.define_asset_job(
         names.freshness_job_name(table_identifier),
         selection=dg.AssetSelection.checks(check),
+        tags={names.RUN_KIND_TAG: "freshness", names.PRIORITY_TAG: str(names.BACKGROUND_PRIORITY)},
         description=f"Evaluate {names.FRESHNESS_CHECK} of {table_identifier} (each stream's lag against max_lag).",
     )
 

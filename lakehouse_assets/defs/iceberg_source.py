@@ -25,7 +25,7 @@ def source_assets(stream: StreamSpec) -> list[dg.AssetsDefinition]:
     ) -> dg.MaterializeResult:
         config, paths = lakehouse.config(), lakehouse.paths()
         current = config.stream(stream.name)
-        emitted = emit_source_changes(spark.session(lakehouse), config, paths, current)
+        emitted = spark.run(lakehouse, emit_source_changes, config, paths, current)
         events: dict[str, int] = {}
         for snapshot in emitted:
             context.log.info(f"source snapshot {snapshot.snapshot_id}: {snapshot.kind}, events {snapshot.events}")
@@ -70,6 +70,7 @@ def source_job(stream: StreamSpec):
     return dg.define_asset_job(
         names.source_job_name(stream.name),
         selection=dg.AssetSelection.assets(names.source_key(stream.name), names.search_export_key(stream.name)),
+        tags={names.RUN_KIND_TAG: "source"},
         description=f"Export the new snapshots of {stream.iceberg_source.table} as change events.",
     )
 

@@ -29,7 +29,7 @@ def maintenance_job(table_identifier: str) -> dg.JobDefinition:
     )
     def maintain(context: dg.OpExecutionContext, lakehouse: LakehouseResource, spark: SparkResource) -> None:
         config, paths = lakehouse.config(), lakehouse.paths()
-        steps = maintain_table(spark.session(lakehouse), config, paths, table_identifier)
+        steps = spark.run(lakehouse, maintain_table, config, paths, table_identifier)
         metadata: dict[str, int | float] = {}
         for step in steps:
             context.log.info(f"{step.table}: {step.action} in {step.seconds:.1f}s: {step.counts}")
@@ -41,7 +41,11 @@ def maintenance_job(table_identifier: str) -> dg.JobDefinition:
     @dg.job(
         name=names.maintenance_job_name(table_identifier),
         description=f"Table maintenance for {table_identifier}; scheduled, or launch it on demand.",
-        tags={names.TABLE_TAG: table_identifier},
+        tags={
+            names.TABLE_TAG: table_identifier,
+            names.RUN_KIND_TAG: "maintenance",
+            names.PRIORITY_TAG: str(names.BACKGROUND_PRIORITY),
+        },
     )
     def _job() -> None:
         maintain()

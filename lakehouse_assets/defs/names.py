@@ -9,6 +9,15 @@ STAGING_PREFIX = "staging"
 STREAM_TAG = "lakehouse/stream"
 SEQUENCE_TAG = "lakehouse/sequence"
 TABLE_TAG = "lakehouse/table"
+RUN_KIND_TAG = "lakehouse/run-kind"
+"""What a run does: ``writer``, ``committer``, ``maintenance``, ``freshness`` or ``source``;
+``dagster.yaml`` limits runs by it."""
+PRIORITY_TAG = "dagster/priority"
+"""Dagster's run-queue priority: higher is dequeued first."""
+COMMITTER_PRIORITY = 10
+"""A committer run jumps the queue: it publishes what writer runs already staged."""
+BACKGROUND_PRIORITY = -10
+"""Maintenance and freshness runs wait behind every writer and committer run."""
 
 SCHEMA_CHECK = "schema_matches_declared"
 ROW_COUNT_CHECK = "rows_reconcile_with_batches"

@@ -76,10 +76,10 @@ def published_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.Asse
                 ),
                 metadata={"snapshot_id": str(snapshot.snapshot_id), "checks": dg.JsonMetadataValue(not_passed)},
             )
-        session = spark.session(lakehouse)
         try:
-            result = publish_table(
-                session,
+            result = spark.run(
+                lakehouse,
+                publish_table,
                 lakehouse.config(),
                 lakehouse.paths(),
                 table_identifier,
@@ -131,7 +131,7 @@ def discard_job(table_identifier: str) -> dg.JobDefinition:
     )
     def discard(context: dg.OpExecutionContext, lakehouse: LakehouseResource, spark: SparkResource) -> None:
         config, paths = lakehouse.config(), lakehouse.paths()
-        result = discard_audited(spark.session(lakehouse), config, paths, table_identifier)
+        result = spark.run(lakehouse, discard_audited, config, paths, table_identifier)
         if result is None:
             context.log.info(f"{table_identifier}: the audit branch holds nothing unpublished; nothing to discard")
             return

@@ -1,12 +1,10 @@
 """Sensors: landing files -> writer runs (micro-batches), staged batches -> committer runs."""
 
-import time
-
 import dagster as dg
 
 from lakehouse_assets.batch_ledger import MintedBatch, StreamLedger
 from lakehouse_assets.branches import audit_state
-from lakehouse_assets.committer import plan_commit
+from lakehouse_assets.committer import plan_commit, seconds_until_commit_due
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import StagedBatchConfig
@@ -17,6 +15,8 @@ from lakehouse_assets.recovery import committed_state
 from lakehouse_assets.table_metadata import load_committed_table
 
 MAX_BATCHES_PER_TICK = 16
+SENSOR_DAEMON_LOOP_SECONDS = 5
+"""The Dagster sensor daemon evaluates sensors at most this often, whatever their interval."""
 IN_PROGRESS = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -36,17 +36,26 @@ def writer_run_request(batch: MintedBatch) -> dg.RunRequest:
     )
 
 
+def landing_sensor_interval(stream: StreamSpec) -> int:
+    """Seconds between ticks of the stream's landing sensor: a third of ``flush.max_age``, so an
+    aged batch is cut soon after it is due, between the daemon's 5 s loop and 30 s."""
+    return int(min(max(stream.flush.max_age / 3, SENSOR_DAEMON_LOOP_SECONDS), 30))
+
+
 def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
     """Cuts micro-batches of ``stream`` with the dual trigger and requests one writer run each.
 
     Minted batches that are not staged yet are requested again every tick under the same run
     key, so a lost request or a cursor moved back deduplicates instead of skipping a batch.
+    While one batch waits for its writer run, no other is cut: the events that land meanwhile go
+    into the next batch, so under load batches grow instead of runs piling up in the queue, and
+    each writer run pays its process and JVM start for as many events as arrived during the last.
     """
 
     @dg.sensor(
         name=names.landing_sensor_name(stream.name),
         job_name=names.stage_job_name(stream.name),
-        minimum_interval_seconds=10,
+        minimum_interval_seconds=landing_sensor_interval(stream),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Cuts batches of `{stream.name}` when flush.max_bytes or flush.max_age is reached.",
     )
@@ -57,6 +66,10 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
         # A router's batch is done once routed and its unroutable events committed, not when staged.
         unfinished = [r for r in ledger.batches() if (r.committed if current.is_router else r.staged) is None]
         requests = [writer_run_request(r.minted) for r in unfinished]
+        if unfinished and not lakehouse.until_idle:
+            # Requested again under its run key (the daemon launches a run key once): events
+            # landing meanwhile wait for the next batch.
+            return dg.SensorResult(run_requests=requests, cursor=context.cursor)
         reason = "no minted batch waits for staging"
         for _ in range(MAX_BATCHES_PER_TICK):
             batch, reason = mint_next_batch(config, paths, current, drain=lakehouse.until_idle)
@@ -103,21 +116,18 @@ def staged_batches_sensor(table_identifier: str, streams: list[StreamSpec]) -> d
                 ready[stream.name] = len(plan.ready)
         if not ready:
             return dg.SkipReason("no staged batches are ready to commit")
-        current = table.current_snapshot() if table else None
-        interval = min(stream.commit_interval for stream in streams)
-        since_commit = time.time() - current.timestamp_ms / 1000 if current else float("inf")
         if lakehouse.until_idle:
             return dg.RunRequest(tags={names.TABLE_TAG: table_identifier})
-        if since_commit < interval:
-            return dg.SkipReason(f"commit_interval: {interval - since_commit:.1f}s until the next commit")
+        wait = seconds_until_commit_due(table, streams)
+        if wait > 0:
+            return dg.SkipReason(f"commit_interval: {wait:.1f}s until the next commit")
         # Committers are serialised by the table lock and fence each other, so this only avoids
-        # piling up runs; dagster.yaml's run monitoring fails runs whose process died.
-        running = context.instance.get_runs(
-            filters=dg.RunsFilter(job_name=names.commit_job_name(table_identifier), statuses=IN_PROGRESS),
-            limit=1,
-        )
-        if running:
-            return dg.SkipReason(f"committer run {running[0].run_id} is still in progress")
+        # piling up runs; dagster.yaml's run monitoring fails runs whose process died. A writer run
+        # in progress commits what is staged itself once it has staged its batch.
+        for job_name in [names.commit_job_name(table_identifier), *(names.stage_job_name(s.name) for s in streams)]:
+            busy = context.instance.get_runs(filters=dg.RunsFilter(job_name=job_name, statuses=IN_PROGRESS), limit=1)
+            if busy:
+                return dg.SkipReason(f"run {busy[0].run_id} of {job_name} is in progress and commits when it can")
         summary = ", ".join(f"{name}: {count} batches" for name, count in ready.items())
         return dg.RunRequest(tags={names.TABLE_TAG: table_identifier, "lakehouse/ready": summary})
 

@@ -18,6 +18,7 @@ from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.recovery import lakehouse_commits
+from lakehouse_assets.runner import IN_PROCESS_SPARK
 from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
@@ -120,7 +121,7 @@ print("COMMITS:", len(outcome.results))
 
 
 def _stage_in_process(config, instance, stream):
-    """Run the stream's landing sensor and the writer runs it requests, without committing."""
+    """Run the stream's landing sensor and the staging step of the writer runs it requests, without committing."""
     defs = build_definitions(config)
     repository = defs.get_repository_def()
     sensor = repository.get_sensor_def(names.landing_sensor_name(stream))
@@ -129,7 +130,9 @@ def _stage_in_process(config, instance, stream):
     )
     for request in sensor.evaluate_tick(context).run_requests:
         repository.get_job(names.stage_job_name(stream)).execute_in_process(
-            run_config=request.run_config, instance=instance
+            run_config={**request.run_config, "resources": IN_PROCESS_SPARK},
+            instance=instance,
+            asset_selection=[names.staged_batches_key(stream)],
         )
 
 
@@ -204,7 +207,7 @@ def test_a_missing_batch_blocks_later_batches_loudly(config, paths, instance):
     shutil.rmtree(ledger.batch(missing).directory)
 
     result = repository.get_job(names.commit_job_name("crm.customers")).execute_in_process(
-        instance=instance, raise_on_error=False
+        run_config={"resources": IN_PROCESS_SPARK}, instance=instance, raise_on_error=False
     )
 
     assert not result.success

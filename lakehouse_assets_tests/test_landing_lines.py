@@ -1,0 +1,56 @@
+"""Landing files read by Spark's splittable reader keep each line's exact file and line number,
+however a file is cut into splits."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lakehouse_assets.conversion import EVENT_COLUMN, LINE_COLUMN, SOURCE_FILE_COLUMN, read_landing_lines
+from lakehouse_assets.spark import lakehouse_session
+
+pytestmark = pytest.mark.spark
+
+# Lines of a landing file: short and long events, blank lines, CRLF endings, non-ASCII text.
+LINE = st.one_of(
+    st.builds(lambda n: f'{{"id": {n}}}', st.integers(0, 10**6)),
+    st.builds(lambda s: '{"note": "' + s + '"}', st.text(st.characters(codec="utf-8", exclude_characters='"\\\n\r'))),
+    st.just(""),
+    st.just("   "),
+    st.builds(lambda n: f'{{"id": {n}, "pad": "{"x" * 300}"}}\r', st.integers(0, 99)),
+)
+
+
+@pytest.fixture(scope="module")
+def small_splits(tmp_path_factory):
+    """A Spark session that cuts files into splits of 256 bytes, so each file has many."""
+    from lakehouse_assets.config import parse_config
+    from lakehouse_assets.paths import LakehousePaths
+
+    home = tmp_path_factory.mktemp("lines")
+    config = parse_config({"streams": [{"name": "s", "table_identifier": "a.b"}]})
+    spark = lakehouse_session(config, LakehousePaths(home))
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "256")
+    spark.conf.set("spark.sql.files.openCostInBytes", "0")
+    return spark, home
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files=st.lists(st.lists(LINE, min_size=1, max_size=60), min_size=1, max_size=3), newline_at_end=st.booleans())
+def test_every_non_blank_line_keeps_its_file_and_line_number(small_splits, files, newline_at_end):
+    spark, home = small_splits
+    directory = home / f"landing-{abs(hash(str(files)))}"
+    directory.mkdir(exist_ok=True)
+    expected = []
+    paths = []
+    for index, lines in enumerate(files):
+        name = f"{index:03d}-events.ndjson"
+        text = "\n".join(lines) + ("\n" if newline_at_end else "")
+        (directory / name).write_bytes(text.encode("utf-8"))
+        paths.append(str(directory / name))
+        expected += [(name, number, line) for number, line in enumerate(lines, start=1) if line.strip()]
+
+    frame = read_landing_lines(spark, paths)
+    rows = frame.select(SOURCE_FILE_COLUMN, LINE_COLUMN, EVENT_COLUMN).collect()
+
+    assert sorted(tuple(row) for row in rows) == sorted(expected)
+    assert frame.rdd.getNumPartitions() > 1 or sum(len("\n".join(lines)) for lines in files) < 256
