@@ -6,9 +6,11 @@ import time
 import dagster as dg
 
 from lakehouse_assets.batch_ledger import StreamLedger
+from lakehouse_assets.config import FlushSpec
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
+from lakehouse_assets.defs.sensors import landing_sensor_interval
 from lakehouse_assets.landing import land_events
 from lakehouse_assets_tests.conftest import order_event
 
@@ -69,3 +71,27 @@ def test_unstaged_batches_are_requested_again_under_the_same_run_key(config, pat
 def test_commit_sensor_skips_without_staged_batches(config, instance):
     tick = _tick(config, instance, names.staged_sensor_name("sales.orders"))
     assert tick.skip_message == "no staged batches are ready to commit"
+
+
+def test_no_new_batch_is_cut_while_one_waits_for_its_writer(config, paths, instance):
+    stream = config.stream("orders")
+    old = time.time() - 120
+    first = land_events(paths, stream, [order_event(1)])
+    os.utime(first[0], (old, old))
+    [request] = _tick(config, instance, names.landing_sensor_name("orders")).run_requests
+
+    second = land_events(paths, stream, [order_event(2)])
+    os.utime(second[0], (old, old))
+    again = _tick(config, instance, names.landing_sensor_name("orders"), cursor="1")
+
+    # Batch 1 is asked for again under its run key; the aged file waits for the next batch.
+    assert [r.run_key for r in again.run_requests] == [request.run_key] == ["orders:1"]
+    assert [r.minted.files for r in StreamLedger(paths.staging("orders")).batches()] == [[first[0].name]]
+
+
+def test_the_landing_sensor_ticks_at_a_third_of_max_age_within_bounds(config):
+    intervals = {
+        age: landing_sensor_interval(config.stream("orders").model_copy(update={"flush": FlushSpec(max_age=age)}))
+        for age in (1.0, 15.0, 60.0, 3600.0)
+    }
+    assert intervals == {1.0: 5, 15.0: 5, 60.0: 20, 3600.0: 30}
