@@ -8,7 +8,9 @@ Layout under ``$LAKEHOUSE_HOME/staging/<stream>/<sequence>/``:
 - ``committed.json``: bookkeeping after the commit; the table's snapshot ancestry stays the truth.
 
 Every record is created atomically; ``batch.json`` and ``staged.json`` are created exclusively,
-so two sensors or two writer runs can never produce two versions of one batch.
+so two sensors or two writer runs can never produce two versions of one batch. A sequence
+directory without ``batch.json`` (a mint that died between the two) is not a batch: the next mint
+of that sequence takes the directory over.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lakehouse_assets import faults
 from lakehouse_assets.errors import BatchConflictError
+from lakehouse_assets.faults import crash_point
 
 BATCH_FILE = "batch.json"
 STAGED_FILE = "staged.json"
@@ -169,14 +173,16 @@ class StreamLedger:
         return max(sequences, default=0)
 
     def mint(self, batch: MintedBatch) -> None:
-        """Create the batch record; raises BatchConflictError if the sequence exists already."""
+        """Create the batch record; raises BatchConflictError if the sequence was minted already.
+
+        The directory of a mint that died before writing ``batch.json`` is reused: it holds no
+        batch, and ``batches()`` (so the next sequence) does not see it.
+        """
         directory = self._directory(batch.sequence)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            directory.mkdir()
-        except FileExistsError:
-            raise BatchConflictError(f"stream {batch.stream!r}: batch {batch.sequence} was minted already") from None
-        _write_json_atomically(directory / BATCH_FILE, asdict(batch), exclusive=True)
+        directory.mkdir(parents=True, exist_ok=True)
+        crash_point(faults.LEDGER_AFTER_DIRECTORY)
+        if not _write_json_atomically(directory / BATCH_FILE, asdict(batch), exclusive=True):
+            raise BatchConflictError(f"stream {batch.stream!r}: batch {batch.sequence} was minted already")
 
     def new_attempt(self, sequence: int) -> tuple[str, Path]:
         """A fresh attempt id and its directory; attempts never share file names."""

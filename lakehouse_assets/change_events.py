@@ -28,6 +28,7 @@ OPERATION_BY_NAME = {
     **dict.fromkeys(("delete", "d"), DELETE),
 }
 UPSERT = "UPSERT"
+SOURCE_POSITION_FIELDS = ("lsn", "file", "pos", "row")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class EventShape:
     row: Column
     raw_operation: Column
     position: list[Column]
+    source_position: Column | None = None
+    """A Debezium change's source position (``SOURCE_POSITION_TYPE``), kept with its row."""
 
     @property
     def operation(self) -> Column:
@@ -70,10 +73,12 @@ def event_shape(stream: StreamSpec, event: Column, landing_position: list[Column
             _debezium_field(event, "source.pos").cast("decimal(38,0)"),
             _debezium_field(event, "source.row").cast("long"),
         ]
-        return EventShape(row, raw_operation, source_position + landing_position)
+        named = zip(source_position, SOURCE_POSITION_FIELDS, strict=True)
+        kept = F.struct(*[value.alias(name) for value, name in named])
+        return EventShape(row, raw_operation, source_position + landing_position, kept)
     if stream.operation is None:
         return EventShape(event, F.lit("insert"), landing_position)
-    match = OPERATION_POINTER.match(stream.operation)
+    match = OPERATION_POINTER.fullmatch(stream.operation)
     if match:
         pointer = stream.operation[2:-1]
         return EventShape(event, F.get_json_object(event, _json_path(pointer)), landing_position)

@@ -15,7 +15,7 @@ from pyiceberg.table import StaticTable
 
 from lakehouse_assets import summary_keys
 from lakehouse_assets.change_events import DELETE
-from lakehouse_assets.config import ColumnSpec, ExpectationSpec
+from lakehouse_assets.config import SYSTEM_COLUMN_PREFIX, ColumnSpec, ExpectationSpec
 from lakehouse_assets.conversion import OPERATION_COLUMN, REASON_COLUMN
 from lakehouse_assets.duck import manifest_entries, scan
 from lakehouse_assets.iceberg_types import duckdb_type
@@ -67,7 +67,12 @@ def check_schema(
     if not declared:
         return CheckOutcome(True, "no schema declared; the table's own schema is used")
     described = connection.sql(f"DESCRIBE SELECT * FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}")
-    actual = [(name, _comparable(kind)) for name, kind, *_ in described.fetchall()]
+    # The pipeline's own columns (a Debezium table's source position) are not the user's schema.
+    actual = [
+        (name, _comparable(kind))
+        for name, kind, *_ in described.fetchall()
+        if not name.startswith(SYSTEM_COLUMN_PREFIX)
+    ]
     expected = [(column.name, _comparable(duckdb_type(column.iceberg_type))) for column in declared]
     iceberg_schema = snapshot.table().schema()
     required_actual = sorted(f.name for f in iceberg_schema.fields if f.required)
@@ -188,10 +193,13 @@ def check_changes_applied(
     batches: list[CommittedChanges],
     keys: list[str],
     columns: list[str],
+    order_column: str | None = None,
 ) -> CheckOutcome:
     """On each batch's own snapshot, its net deletes are absent and its upserts hold its values (NULL
-    in a column added after the batch was staged: an upsert writes the whole row)."""
+    in a column added after the batch was staged: an upsert writes the whole row), except the
+    changes the row was already newer than by ``order_column`` (skipped as stale)."""
     join = " AND ".join(f't."{key}" = c."{key}"' for key in keys)
+    newer = f'coalesce(t."{order_column}" > c."{order_column}", false)' if order_column else "false"
     problems, deletes, upserts = [], 0, 0
     for batch in batches:
         changes = f"(SELECT * FROM read_parquet('{batch.staged_parquet}/*.parquet') WHERE {REASON_COLUMN} IS NULL)"
@@ -206,11 +214,12 @@ def check_changes_applied(
             0
         ]
         still_there = connection.sql(
-            f"SELECT count(*) FROM {changes} c JOIN {table} t ON {join} WHERE c.{OPERATION_COLUMN} = '{DELETE}'"
+            f"SELECT count(*) FROM {changes} c JOIN {table} t ON {join} "
+            f"WHERE c.{OPERATION_COLUMN} = '{DELETE}' AND NOT {newer}"
         ).fetchone()[0]
         wrong = connection.sql(
             f"SELECT count(*) FROM {changes} c LEFT JOIN {table} t ON {join} "
-            f"WHERE c.{OPERATION_COLUMN} <> '{DELETE}' AND (t.\"{keys[0]}\" IS NULL OR {differs})"
+            f"WHERE c.{OPERATION_COLUMN} <> '{DELETE}' AND (t.\"{keys[0]}\" IS NULL OR {differs}) AND NOT {newer}"
         ).fetchone()[0]
         if still_there:
             problems.append(f"batch {batch.sequence}: {still_there} deleted keys are still present")

@@ -101,6 +101,8 @@ class CommitResult:
     schema_change_batches: dict[str, int] = field(default_factory=dict)
     source_snapshot: str | None = None
     """For an Iceberg source stream: the newest source snapshot this commit applied."""
+    stale_changes: int = 0
+    """Changes skipped because the row already held a newer one (``StreamSpec.order_column``)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,7 @@ def _summary_properties(
         summary_keys.ROWS: str(rows),
         summary_keys.NET_ROWS: str(net_rows),
         summary_keys.SOURCE_OFFSETS: json.dumps({"files": len(files), "first": files[0], "last": files[-1]}),
+        summary_keys.LANDING_FILES: json.dumps(files),
         summary_keys.MAX_EVENT_TIME: max(event_times) if event_times else "",
         summary_keys.COMMITTER_EPOCH: str(epoch),
         summary_keys.COMMITTER_RUN: run_id,
@@ -363,7 +366,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
     staged = reduce(DataFrame.unionByName, aligned)
     keys = identifier_columns(ctx.config, ctx.paths, stream)
     if keys:
-        counts = count_changes(spark, identifier, staged, keys, ctx.branch)
+        counts = count_changes(spark, identifier, staged, keys, ctx.branch, stream.order_column)
         rows = counts.inserted + counts.updated
         properties = _summary_properties(stream, batches, rows, counts.inserted - counts.deleted, ctx.epoch, ctx.run_id)
         properties.update(
@@ -371,10 +374,13 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
                 summary_keys.INSERTED: str(counts.inserted),
                 summary_keys.UPDATED: str(counts.updated),
                 summary_keys.DELETED: str(counts.deleted),
+                summary_keys.STALE_CHANGES: str(counts.stale),
             }
         )
         view = f"lakehouse_changes_{stream.name}_{batches[0].sequence}"
-        write = partial(merge_changes, spark, identifier, staged, keys, columns, properties, view, ctx.branch)
+        write = partial(
+            merge_changes, spark, identifier, staged, keys, columns, properties, view, ctx.branch, stream.order_column
+        )
     else:
         rows = sum(record.staged.rows for record in batches)
         counts = ChangeCounts(inserted=rows, updated=0, deleted=0)
@@ -408,6 +414,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
         inserted=counts.inserted,
         updated=counts.updated,
         deleted=counts.deleted,
+        stale_changes=counts.stale,
         dead_letters=dead_letters,
         data_files_added=int(summary.get("added-data-files", "0")),
         delete_files_added=int(summary.get("added-delete-files", "0")),

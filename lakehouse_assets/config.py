@@ -40,6 +40,18 @@ STREAM_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 OPERATION_POINTER = re.compile(r"^\$\{(/[A-Za-z0-9_]+)+\}$")
 TEMPLATE_POINTER = re.compile(r"\$\{((?:/[A-Za-z0-9_]+)+)\}")
 ROUTER_DEAD_LETTER_NAMESPACE = "lakehouse"
+SOURCE_POSITION_COLUMN = "_lakehouse_source_position"
+"""The column of a Debezium stream's table that keeps each row's source position."""
+SOURCE_POSITION_TYPE = "struct<lsn: decimal(38,0), file: string, pos: decimal(38,0), row: long>"
+"""Postgres ``source.lsn``, or MySQL ``source.file``/``pos``/``row``, compared in that order."""
+ORDERED_TYPES = ("int", "long", "float", "double", "date", "timestamp", "timestamptz", "string")
+SYSTEM_COLUMN_PREFIX = "_lakehouse_"
+# The one grammar of a table name a router resolves (lower-cased first, as Hive and Glue catalogs
+# do): two to four parts of letters, digits and ``_``, each at most 128 characters; nothing else,
+# so no control character, line break, path separator or empty part. ``__`` joins the parts of a
+# routed stream's name, so routing refuses it too. Unanchored: Python matches it whole, Spark with
+# ``^...\z`` (``$`` would also match before a final line break).
+ROUTED_TABLE = r"[a-z_][a-z0-9_]{0,127}(\.[a-z_][a-z0-9_]{0,127}){1,3}"
 ICEBERG_SOURCE_OPERATION = "${/bulk_action}"
 OPERATION_NAMES = {"index", "insert", "create", "c", "i", "r", "update", "u", "delete", "d"}
 
@@ -48,7 +60,7 @@ def parse_duration(value: str | int | float) -> float:
     """Seconds in a duration such as ``250ms``, ``0s``, ``60s``, ``5m``, ``1h`` or a number of seconds."""
     if isinstance(value, (int, float)):
         return float(value)
-    match = DURATION.match(str(value).strip())
+    match = DURATION.fullmatch(str(value).strip())
     if not match:
         raise ValueError(f"invalid duration {value!r} (use e.g. 500ms, 30s, 5m, 1h)")
     return float(match.group(1)) * DURATION_UNIT_SECONDS[match.group(2)]
@@ -84,7 +96,7 @@ class PartitionFieldSpec(_Strict):
     @field_validator("transform")
     @classmethod
     def _known_transform(cls, value: str) -> str:
-        if not PARTITION_TRANSFORM.match(value):
+        if not PARTITION_TRANSFORM.fullmatch(value):
             raise ValueError(
                 f"unsupported transform {value!r}; use identity, year, month, day, hour, bucket[N] or truncate[W]"
             )
@@ -246,7 +258,7 @@ class ExpectationSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not IDENTIFIER_PART.match(value):
+        if not IDENTIFIER_PART.fullmatch(value):
             raise ValueError(f"expectation name {value!r}: use letters, digits and _")
         return value
 
@@ -267,6 +279,10 @@ class StreamSpec(_Strict):
     flush: FlushSpec = Field(default_factory=FlushSpec)
     commit_interval: float = 300.0
     event_time_column: str | None = None
+    version_column: str | None = None
+    """A change stream's ordering column (e.g. ``updated_at`` or ``version``): a change whose value
+    is older than the row's committed one never updates or deletes it, and within a batch a key's
+    newest version wins. Debezium streams order by their source position without it."""
     maintenance: MaintenanceSpec = Field(default_factory=MaintenanceSpec)
     completeness: CompletenessSpec | None = None
     max_lag: Duration = Field(default=1800.0, gt=0)
@@ -286,7 +302,7 @@ class StreamSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _stream_name(cls, value: str) -> str:
-        if not STREAM_NAME.match(value):
+        if not STREAM_NAME.fullmatch(value):
             raise ValueError(f"invalid stream name {value!r}: use lower case letters, digits and _")
         return value
 
@@ -330,7 +346,7 @@ class StreamSpec(_Strict):
     def _operation_expression(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        match = OPERATION_POINTER.match(value)
+        match = OPERATION_POINTER.fullmatch(value)
         if match is None and "${" in value:
             raise ValueError(f"{value!r} is not a JSON pointer expression such as '${{/op}}'")
         if match is None and value.strip().lower() not in OPERATION_NAMES:
@@ -403,7 +419,25 @@ class StreamSpec(_Strict):
                 raise ValueError(f"identifier_columns: {name!r} is not a declared column")
             if columns and not columns[name].required:
                 raise ValueError(f"identifier_columns: {name!r} must be declared with required: true")
+        if self.version_column and columns and columns.get(self.version_column) is None:
+            raise ValueError(f"version_column: {self.version_column!r} is not a declared column")
+        if self.version_column and columns and columns[self.version_column].type not in ORDERED_TYPES:
+            raise ValueError(f"version_column: {self.version_column!r} must be one of {', '.join(ORDERED_TYPES)}")
         return self
+
+    @model_validator(mode="after")
+    def _version_needs_changes(self) -> StreamSpec:
+        if self.version_column and not self.applies_changes:
+            raise ValueError("version_column: only used by streams that apply changes (operation or format: debezium)")
+        return self
+
+    @property
+    def order_column(self) -> str | None:
+        """The table column that orders a key's changes across batches: ``version_column``, else a
+        Debezium stream's source position (``_lakehouse_source_position``), else none."""
+        if self.version_column:
+            return self.version_column
+        return SOURCE_POSITION_COLUMN if self.is_debezium else None
 
     @property
     def iceberg_source(self) -> IcebergSourceSpec | None:
@@ -553,7 +587,10 @@ class LakehouseConfig(_Strict):
         derived = []
         for router in self.routers():
             directory = routes / router.name
-            tables = sorted(entry.name for entry in directory.iterdir() if entry.is_dir()) if directory.is_dir() else []
+            entries = directory.iterdir() if directory.is_dir() else []
+            # Only directories the router writes: a name made by hand that no route could have
+            # (see routing.ROUTED_IDENTIFIER) must not stop the code location from loading.
+            tables = sorted(entry.name for entry in entries if entry.is_dir() and is_routed_table(entry.name))
             derived.extend(routed_stream(router, table, directory / table) for table in tables)
         return self.model_copy(update={"streams": [*self.streams, *derived]}) if derived else self
 
@@ -561,7 +598,12 @@ class LakehouseConfig(_Strict):
 def is_table_identifier(value: str) -> bool:
     """True for ``namespace.table`` (or deeper namespaces) made of identifier parts."""
     parts = value.split(".")
-    return len(parts) >= 2 and all(IDENTIFIER_PART.match(part) for part in parts)
+    return len(parts) >= 2 and all(IDENTIFIER_PART.fullmatch(part) for part in parts)
+
+
+def is_routed_table(name: str) -> bool:
+    """True for a table name a router may resolve (``ROUTED_TABLE``), ``__`` aside."""
+    return re.fullmatch(ROUTED_TABLE, name) is not None and "__" not in name
 
 
 def routed_stream_name(router: str, table_identifier: str) -> str:

@@ -31,7 +31,9 @@ written as NULL. Extra fields are ignored.
 from __future__ import annotations
 
 import operator
+import os
 from functools import reduce
+from pathlib import Path
 
 from pyiceberg.schema import Schema
 from pyiceberg.types import FixedType, IcebergType, StructType, UUIDType
@@ -40,7 +42,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakehouse_assets.change_events import DELETE, collapse_changes, event_shape
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config import SOURCE_POSITION_COLUMN, StreamSpec
+from lakehouse_assets.errors import LakehouseError
 
 EVENT_COLUMN = "_lakehouse_event"
 SOURCE_FILE_COLUMN = "_lakehouse_source_file"
@@ -49,7 +52,7 @@ REASON_COLUMN = "_lakehouse_reason"
 OPERATION_COLUMN = "_lakehouse_operation"
 POSITION_COLUMN = "_lakehouse_position"
 ICEBERG_TYPE = "iceberg_type"
-UUID_TEXT = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+UUID_TEXT = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\z"
 _ROW = "_lakehouse_row"
 _RAW_OPERATION = "_lakehouse_raw_operation"
 _RAW = "_lakehouse_raw"
@@ -58,7 +61,21 @@ _ROW_ID = "_lakehouse_row_id"
 _SPLIT_LINES = "_lakehouse_split_lines"
 _SPLIT_FIRST_ROW = "_lakehouse_split_first_row"
 _LINES_BEFORE = "_lakehouse_lines_before"
-INTEGER_TEXT = r"^\s*-?\d+\s*$"
+# Java regular expressions for ``rlike``: ``\z`` is the very end (``$`` also matches before a final
+# line break).
+INTEGER_TEXT = r"^\s*-?\d+\s*\z"
+# What Spark's timestamps and dates hold and Iceberg, Parquet and DuckDB read back: 0001-01-01 to
+# 9999-12-31 (UTC). An epoch number outside it (seconds, microseconds or nanoseconds taken for
+# milliseconds) cannot be coerced instead of overflowing the conversion.
+MIN_EPOCH_MILLIS, MAX_EPOCH_MILLIS = -62_135_596_800_000, 253_402_300_799_999
+MIN_EPOCH_DAYS, MAX_EPOCH_DAYS = -719_162, 2_932_896
+INTEGER_BITS = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}
+BYTE_ORDER_MARK = "\ufeff"
+BASE64_TEXT = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?\z"
+# Characters Hadoop reads as a glob pattern in a path (the home's, say); escaped, they are literal.
+GLOB_CHARACTERS = "\\{}[]*?"
+LINK_DIGITS = 6
+LINK_SUFFIX = ".ndjson"
 
 
 _TEXT_FIELDS = T.MapType(T.StringType(), T.StringType())
@@ -87,8 +104,14 @@ def _checked_text(raw: Column, iceberg_type: str) -> Column:
     trimmed = F.trim(raw)
     if iceberg_type == "uuid":
         return F.when(trimmed.rlike(UUID_TEXT), F.lower(trimmed))
-    decoded = F.unbase64(trimmed)
+    decoded = _from_base64(trimmed)
     return F.when(F.length(decoded) == int(iceberg_type[len("fixed[") : -1]), decoded)
+
+
+def _from_base64(text: Column) -> Column:
+    """The bytes of Base64 text, NULL when it is not Base64 (Spark's decoder would fail the job on
+    a last group of one character)."""
+    return F.when(text.rlike(BASE64_TEXT), F.unbase64(text))
 
 
 def _coerce(raw: Column, data_type: T.DataType, iceberg_type: str | None = None) -> Column:
@@ -107,27 +130,38 @@ def _coerce(raw: Column, data_type: T.DataType, iceberg_type: str | None = None)
     if isinstance(data_type, T.ArrayType):
         return F.transform(F.from_json(raw, _TEXT_ELEMENTS), lambda element: _coerce(element, data_type.elementType))
     if isinstance(data_type, T.MapType):
-        members = F.from_json(raw, _TEXT_FIELDS)
+        # A key that cannot be coerced drops its entry (a map key cannot be NULL); keys that
+        # coerce alike keep the last value (spark.sql.mapKeyDedupPolicy, spark.py).
+        members = F.map_filter(
+            F.from_json(raw, _TEXT_FIELDS), lambda key, _: _coerce(key, data_type.keyType).isNotNull()
+        )
         coerced = F.transform_values(members, lambda _, value: _coerce(value, data_type.valueType))
         return F.transform_keys(coerced, lambda key, _: _coerce(key, data_type.keyType))
     trimmed = F.trim(raw)
-    if isinstance(data_type, (T.IntegerType, T.LongType, T.ShortType, T.ByteType)):
-        return F.when(raw.rlike(INTEGER_TEXT), trimmed.cast(data_type)).otherwise(
-            trimmed.cast("double").cast(data_type)
-        )
+    if type(data_type) in INTEGER_BITS:
+        # Integer text exactly (a fraction is truncated; out of range is NULL); other numbers through
+        # a double, NULL when NaN, infinite or out of range (a cast would clamp them to a wrong value).
+        limit = float(2 ** (INTEGER_BITS[type(data_type)] - 1))
+        number = trimmed.cast("double")
+        from_number = F.when((number >= -limit) & (number < limit), number.cast(data_type))
+        return F.when(raw.rlike(INTEGER_TEXT), trimmed.cast(data_type)).otherwise(from_number)
     if isinstance(data_type, T.BooleanType):
         lowered = F.lower(trimmed)
         return F.when(lowered.isin("true", "false"), lowered == F.lit("true"))
     if isinstance(data_type, T.StringType):
         return raw
     if isinstance(data_type, (T.TimestampType, T.TimestampNTZType)):
-        from_millis = F.timestamp_millis(trimmed.cast("long")).cast(data_type)
+        millis = trimmed.cast("long")
+        in_range = millis.between(MIN_EPOCH_MILLIS, MAX_EPOCH_MILLIS)
+        from_millis = F.when(in_range, F.timestamp_millis(millis)).cast(data_type)
         return F.when(raw.rlike(INTEGER_TEXT), from_millis).otherwise(trimmed.cast(data_type))
     if isinstance(data_type, T.DateType):
-        from_days = F.date_add(F.lit("1970-01-01").cast("date"), trimmed.cast("int"))
+        days = trimmed.cast("int")
+        in_range = days.between(MIN_EPOCH_DAYS, MAX_EPOCH_DAYS)
+        from_days = F.when(in_range, F.date_add(F.lit("1970-01-01").cast("date"), days))
         return F.when(raw.rlike(INTEGER_TEXT), from_days).otherwise(trimmed.cast("date"))
     if isinstance(data_type, T.BinaryType):
-        return F.unbase64(trimmed)
+        return _from_base64(trimmed)
     return trimmed.cast(data_type)
 
 
@@ -193,8 +227,31 @@ def _rejection_reason(fields: list[T.StructField], stream: StreamSpec, identifie
     return _first_failure(rules)
 
 
-def read_landing_lines(spark: SparkSession, files: list[str]) -> DataFrame:
-    """One row per non-empty line of the files: its text, file name and 1-based line number.
+def literal_path(path: str) -> str:
+    """``path`` with Hadoop's glob characters escaped, so Spark reads exactly that file."""
+    return "".join(f"\\{character}" if character in GLOB_CHARACTERS else character for character in path)
+
+
+def _linked(files: list[str], links: Path) -> list[str]:
+    """Symbolic links in ``links`` to ``files``, named by their position: Spark reads the links, so
+    no character of a landing file's name (a glob, a ``:``, a line break) means anything to Hadoop."""
+    links.mkdir(parents=True, exist_ok=True)
+    linked = []
+    for index, file in enumerate(files):
+        link = links / f"{index:06d}{LINK_SUFFIX}"
+        try:
+            link.symlink_to(file)
+        except FileExistsError:  # a repeated or concurrent attempt of the batch made it already
+            if os.readlink(link) != file:
+                raise LakehouseError(f"{link} points to {os.readlink(link)}, not to {file}") from None
+        linked.append(literal_path(str(link)))
+    return linked
+
+
+def read_landing_lines(spark: SparkSession, files: list[str], links: Path) -> DataFrame:
+    """One row per line of the files that is not blank (spaces, tabs, a carriage return): its text
+    (without a byte order mark), file name and 1-based line number. Names are data: Spark reads the
+    files through links in ``links`` named by position, and each line keeps its file's own name.
 
     Spark's splittable text reader streams each split of a file in order but gives no line
     numbers, so lines are numbered per split: a first, cheap pass counts the lines of every split
@@ -203,12 +260,19 @@ def read_landing_lines(spark: SparkSession, files: list[str]) -> DataFrame:
     partition's rows in reading order; it is taken before any filter (Spark pushes no filter
     below it), and both passes plan the same splits, so it is the same in both.
     """
+    names = F.array(*[F.lit(Path(file).name) for file in files])
+    position = F.substring(F.col("_metadata.file_name"), 1, LINK_DIGITS).cast("int") + 1
+    # Spark keeps a line's bytes as they are; through a Java string, invalid UTF-8 becomes U+FFFD,
+    # so the text is valid wherever it is written (Parquet readers refuse invalid strings).
+    text = F.decode(F.encode(F.col("value"), "UTF-8"), "UTF-8")
     raw = (
         spark.read.option("lineSep", "\n")
-        .text(files)
+        .text(_linked(files, links))
         .select(
-            F.col("value").alias(EVENT_COLUMN),
-            F.col("_metadata.file_name").alias(SOURCE_FILE_COLUMN),
+            F.when(text.startswith(BYTE_ORDER_MARK), text.substr(F.lit(2), F.length(text)))
+            .otherwise(text)
+            .alias(EVENT_COLUMN),
+            F.element_at(names, position).alias(SOURCE_FILE_COLUMN),
             F.col("_metadata.file_block_start").alias(_SPLIT),
             F.monotonically_increasing_id().alias(_ROW_ID),
         )
@@ -225,9 +289,8 @@ def read_landing_lines(spark: SparkSession, files: list[str]) -> DataFrame:
     )
     numbered = raw.join(F.broadcast(offsets), [SOURCE_FILE_COLUMN, _SPLIT])
     line = F.col(_LINES_BEFORE) + F.col(_ROW_ID) - F.col(_SPLIT_FIRST_ROW) + 1
-    return numbered.where(F.trim(F.col(EVENT_COLUMN)) != "").select(
-        EVENT_COLUMN, SOURCE_FILE_COLUMN, line.alias(LINE_COLUMN)
-    )
+    blank = F.expr(f"btrim({EVENT_COLUMN}, ' \\t\\r')") == F.lit("")
+    return numbered.where(~blank).select(EVENT_COLUMN, SOURCE_FILE_COLUMN, line.alias(LINE_COLUMN))
 
 
 def convert_events(
@@ -237,7 +300,9 @@ def convert_events(
 
     ``lines`` comes from :func:`read_landing_lines`.
     """
-    text_schema = T.StructType([T.StructField(field.name, T.StringType()) for field in table_schema])
+    # Columns taken from the event's row; a Debezium table's source position comes from its envelope.
+    row_fields = [field for field in table_schema if field.name != SOURCE_POSITION_COLUMN]
+    text_schema = T.StructType([T.StructField(field.name, T.StringType()) for field in row_fields])
     shape = event_shape(stream, F.col(EVENT_COLUMN), [F.col(SOURCE_FILE_COLUMN), F.col(LINE_COLUMN)])
     parsed = lines.select(
         EVENT_COLUMN,
@@ -248,14 +313,22 @@ def convert_events(
         shape.operation.alias(OPERATION_COLUMN),
         F.struct(*shape.position).alias(POSITION_COLUMN),
     ).withColumn(_RAW, F.from_json(F.col(_ROW), text_schema))
+    position = shape.source_position if shape.source_position is not None else F.lit(None)
+    kept_position = [position.cast(field.dataType) for field in table_schema if field.name == SOURCE_POSITION_COLUMN]
     converted = parsed.select(
         "*",
         *[
             _coerce(F.col(f"{_RAW}.`{field.name}`"), field.dataType, field.metadata.get(ICEBERG_TYPE)).alias(field.name)
-            for field in table_schema
+            for field in row_fields
         ],
+        *[kept.alias(SOURCE_POSITION_COLUMN) for kept in kept_position],
     )
-    reason = _rejection_reason(list(table_schema), stream, identifier_columns)
+    if stream.version_column:
+        # A key's changes in a batch are ordered by their version first, then by landing order.
+        converted = converted.withColumn(
+            POSITION_COLUMN, F.struct(F.col(f"`{stream.version_column}`"), F.col(POSITION_COLUMN))
+        )
+    reason = _rejection_reason(row_fields, stream, identifier_columns)
     return converted.withColumn(REASON_COLUMN, reason).drop(_RAW, _ROW, _RAW_OPERATION)
 
 

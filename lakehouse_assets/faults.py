@@ -37,6 +37,8 @@ SOURCE_AFTER_EMIT = "source.after_emit_before_checkpoint"
 PUBLISH_AFTER_DEAD_LETTERS = "publish.after_dead_letters_before_fast_forward"
 PUBLISH_AFTER_FAST_FORWARD = "publish.after_fast_forward"
 DISCARD_AFTER_UNSTAGING = "discard.after_unstaging_before_reset"
+LEDGER_AFTER_DIRECTORY = "ledger.after_directory_before_batch"
+REPLAY_AFTER_SELECTING = "replay.after_selecting_before_landing"
 # The points every pipeline passes; maintenance and schema changes have their own tests.
 CRASH_POINTS = (
     WRITER_AFTER_STAGING,

@@ -133,7 +133,7 @@ def parse_type(text: str) -> IcebergType:
         fields = []
         for part in _split_top_level(inner):
             name, colon, field_type = part.partition(":")
-            if not colon or not FIELD_NAME.match(name.strip()):
+            if not colon or not FIELD_NAME.fullmatch(name.strip()):
                 raise ValueError(f"struct field {part!r} is not of the form 'name: type'")
             fields.append((name.strip(), parse_type(field_type)))
         if len({name for name, _ in fields}) != len(fields):

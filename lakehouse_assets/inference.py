@@ -33,7 +33,9 @@ def infer_type(value: Any) -> str | None:
         return "long"
     if isinstance(value, float):
         return "double"
-    fields = {name: item for name, item in value.items() if FIELD_NAME.match(name)} if isinstance(value, dict) else {}
+    fields = (
+        {name: item for name, item in value.items() if FIELD_NAME.fullmatch(name)} if isinstance(value, dict) else {}
+    )
     if fields:
         return "struct<" + ", ".join(f"{name}: {infer_type(item) or 'string'}" for name, item in fields.items()) + ">"
     if isinstance(value, list) and value:

@@ -46,3 +46,8 @@ def table_lock_file(locks_dir: Path, table_identifier: str) -> Path:
 
 def stream_lock_file(locks_dir: Path, stream: str) -> Path:
     return locks_dir / f"stream-{stream}.lock"
+
+
+def replay_lock_file(locks_dir: Path, stream: str) -> Path:
+    """Held by a dead-letter replay of ``stream`` from choosing dead letters until they are landed."""
+    return locks_dir / f"replay-{stream}.lock"

@@ -3,13 +3,15 @@
 Compaction, snapshot expiry, orphan-file removal and manifest rewrites each commit (or delete
 files) beside the committer, so they run under the same OS lock and, in Dagster, in the same
 concurrency pool. Expiry first records a checkpoint of what the snapshots it removes committed
-(see ``recovery``), so the committer's position survives it.
+(see ``recovery``), so the committer's position survives it, and so do the names of their landing
+files that are still in the landing zone.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -19,15 +21,19 @@ from pyspark.sql import SparkSession
 
 from lakehouse_assets import faults
 from lakehouse_assets.branches import audit_state, sync_audit_branch
-from lakehouse_assets.config import CompactionSpec, ExpirySpec, LakehouseConfig, MaintenanceSpec
+from lakehouse_assets.config import CompactionSpec, ExpirySpec, LakehouseConfig, MaintenanceSpec, StreamSpec
 from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.faults import crash_point
+from lakehouse_assets.landing import landing_dir, list_landing_files
 from lakehouse_assets.landing_retention import remove_committed_landing_files
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import CHECKPOINT_PROPERTY, table_history
 from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets.tables import CATALOG_NAME, qualified_name
+
+LandedCheck = Callable[[str, str], bool]
+"""``landed(stream, file_name)``: whether the stream's landing file is still in the landing zone."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,17 @@ class MaintenanceStep:
     action: str
     seconds: float
     counts: dict[str, Any] = field(default_factory=dict)
+
+
+def sql_string_literal(value: str) -> str:
+    """``value`` as a Spark SQL string literal (backslashes and quotes escaped: file names are data)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def still_landed(paths: LakehousePaths, streams: list[StreamSpec]) -> LandedCheck:
+    """Whether a landing file of one of ``streams`` is still landed (files of other streams count as landed)."""
+    landed = {stream.name: {f.name for f in list_landing_files(landing_dir(paths, stream))} for stream in streams}
+    return lambda stream, name: stream not in landed or name in landed[stream]
 
 
 def _call(spark: SparkSession, procedure: str, arguments: str) -> dict[str, Any]:
@@ -93,26 +110,46 @@ def retained_ancestors(table: Table, older_than_ms: int, retain_last: int) -> li
     return kept
 
 
-def record_checkpoint(spark: SparkSession, table: Table, identifier: str, oldest_kept: Snapshot) -> bool:
-    """Record what the commits up to ``oldest_kept`` added, unless the recorded checkpoint is at or after it."""
+def record_checkpoint(
+    spark: SparkSession,
+    table: Table,
+    identifier: str,
+    oldest_kept: Snapshot,
+    landed: LandedCheck = lambda stream, name: True,
+) -> bool:
+    """Record what the commits up to ``oldest_kept`` added, unless the recorded checkpoint is at or after it.
+
+    Of their landing files only those still ``landed`` are carried: landing retention removes a
+    file only once a checkpoint covers its batch, and a removed file cannot be batched again.
+    """
     history = table_history(table)
     if oldest_kept.snapshot_id not in {snapshot.snapshot_id for snapshot in history.snapshots}:
         return False
     checkpoint = history.checkpoint_at(oldest_kept.snapshot_id)
+    carried = {
+        stream: sorted({name for name in files if landed(stream, name)})
+        for stream, files in checkpoint.landing_files.items()
+    }
+    checkpoint = replace(checkpoint, landing_files={stream: files for stream, files in carried.items() if files})
     spark.sql(
         f"ALTER TABLE {qualified_name(identifier)} SET TBLPROPERTIES "
-        f"('{CHECKPOINT_PROPERTY}' = '{checkpoint.to_json()}')"
+        f"('{CHECKPOINT_PROPERTY}' = {sql_string_literal(checkpoint.to_json())})"
     )
     return True
 
 
 def expire_snapshots(
-    spark: SparkSession, table: Table, identifier: str, spec: ExpirySpec, now_ms: int
+    spark: SparkSession,
+    table: Table,
+    identifier: str,
+    spec: ExpirySpec,
+    now_ms: int,
+    landed: LandedCheck = lambda stream, name: True,
 ) -> dict[str, Any]:
     """Expire old snapshots after recording the checkpoint that keeps recovery working."""
     older_than_ms = now_ms - int(spec.older_than * 1000)
     kept = retained_ancestors(table, older_than_ms, spec.retain_last)
-    recorded = kept[-1].parent_snapshot_id is not None and record_checkpoint(spark, table, identifier, kept[-1])
+    recorded = kept[-1].parent_snapshot_id is not None and record_checkpoint(spark, table, identifier, kept[-1], landed)
     crash_point(faults.MAINTENANCE_AFTER_CHECKPOINT)
     older_than = _timestamp_literal(older_than_ms)
     arguments = f"table => '{identifier}', older_than => {older_than}, retain_last => {spec.retain_last}"
@@ -154,6 +191,7 @@ def _maintain_one(
     paths: LakehousePaths,
     identifier: str,
     spec: MaintenanceSpec,
+    landed: LandedCheck,
     awaiting_publish: bool = False,
 ) -> list[MaintenanceStep]:
     steps: list[MaintenanceStep] = []
@@ -167,7 +205,7 @@ def _maintain_one(
         (
             "expire_snapshots",
             spec.expire_snapshots.enabled,
-            lambda table: expire_snapshots(spark, table, identifier, spec.expire_snapshots, now_ms()),
+            lambda table: expire_snapshots(spark, table, identifier, spec.expire_snapshots, now_ms(), landed),
         ),
         (
             "remove_orphan_files",
@@ -201,8 +239,9 @@ def maintain_table(
     with exclusive_lock(table_lock_file(paths.locks, table_identifier)):
         table = load_committed_table(config, paths, table_identifier)
         awaiting = audited and audit_state(table).awaiting_publish
-        steps.extend(_maintain_one(spark, config, paths, table_identifier, spec, awaiting))
-        steps.extend(_maintain_one(spark, config, paths, dead_letter_identifier(table_identifier), spec))
+        landed = still_landed(paths, config.tables()[table_identifier])
+        steps.extend(_maintain_one(spark, config, paths, table_identifier, spec, landed, awaiting))
+        steps.extend(_maintain_one(spark, config, paths, dead_letter_identifier(table_identifier), spec, landed))
         table = load_committed_table(config, paths, table_identifier)
         if audited and table is not None:
             sync_audit_branch(spark, table, table_identifier)

@@ -5,11 +5,16 @@ reach ``flush.max_bytes`` or when the oldest pending event is older than ``flush
 A batch takes pending files in name order up to ``max_bytes`` (at least one file). No batch is cut
 while uncommitted batches hold ``max_uncommitted_bytes`` (backpressure), so a slow committer bounds
 the staged data, never the landing zone.
+
+A landing file is pending when no minted batch in the staging ledger holds it and no commit in the
+table's history names it (``lakehouse.landing-files``), so a lost ledger never batches a committed
+file again.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from lakehouse_assets.batch_ledger import MintedBatch, StreamLedger
@@ -17,7 +22,7 @@ from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.landing import LandingFile, landing_dir, list_landing_files
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.recovery import AUDIT_BRANCH, committed_state
+from lakehouse_assets.recovery import AUDIT_BRANCH, committed_landing_files, committed_state
 from lakehouse_assets.table_metadata import load_committed_table
 
 
@@ -70,9 +75,12 @@ def backpressure(ledger: StreamLedger, stream: StreamSpec, committed_sequence: i
     )
 
 
-def pending_files(paths: LakehousePaths, stream: StreamSpec, ledger: StreamLedger) -> list[LandingFile]:
-    """Landed files that no minted batch holds yet."""
-    claimed = ledger.claimed_files()
+def pending_files(
+    paths: LakehousePaths, stream: StreamSpec, ledger: StreamLedger, committed: Collection[str] = ()
+) -> list[LandingFile]:
+    """Landed files that no minted batch holds yet and that are not among the ``committed`` files
+    the table's history names."""
+    claimed = ledger.claimed_files().union(committed)
     return [landed for landed in list_landing_files(landing_dir(paths, stream)) if landed.name not in claimed]
 
 
@@ -86,8 +94,9 @@ def mint_next_batch(
     """Cut and record the next batch if the trigger fires; returns it (or None) and the reason.
 
     Holds the stream's minting lock, so two sensors can never put one file in two batches. The
-    sequence continues after both the ledger and the table's ancestry, so a wiped ledger never
-    reuses a committed sequence.
+    sequence continues after both the ledger and the table's ancestry, and files the ancestry
+    names are never batched again, so a wiped ledger neither reuses a committed sequence nor
+    appends a committed file twice.
     """
     ledger = StreamLedger(paths.staging(stream.name))
     with exclusive_lock(stream_lock_file(paths.locks, stream.name)):
@@ -97,11 +106,15 @@ def mint_next_batch(
         table = load_committed_table(config, paths, progress)
         # Batches on an audit branch are not published: they still count against backpressure.
         committed = committed_state(table, stream.name).sequence
-        on_any_branch = committed_state(table, stream.name, AUDIT_BRANCH).sequence if stream.publish == "audit" else 0
+        committed_files = committed_landing_files(table, stream.name)
+        on_any_branch = 0
+        if stream.publish == "audit":
+            on_any_branch = committed_state(table, stream.name, AUDIT_BRANCH).sequence
+            committed_files |= committed_landing_files(table, stream.name, AUDIT_BRANCH)
         held_back = backpressure(ledger, stream, committed)
         if held_back:
             return None, held_back
-        decision = decide_flush(pending_files(paths, stream, ledger), stream, now, drain)
+        decision = decide_flush(pending_files(paths, stream, ledger, committed_files), stream, now, drain)
         if not decision.files:
             return None, decision.reason
         sequence = max(ledger.highest_sequence(), committed, on_any_branch) + 1

@@ -8,6 +8,10 @@ and reads the ``lakehouse.*`` keys each commit wrote atomically with its data.
 table property ``lakehouse.checkpoint``) holding what the commits up to the oldest snapshot it
 keeps added; the walk stops at that snapshot and starts from the checkpoint. An ancestry cut
 anywhere else cannot be read safely, and says so instead of guessing.
+
+Each commit also names its batches' landing files (``lakehouse.landing-files``), and the
+checkpoint carries those of the commits it covers that are still in the landing zone, so the
+table alone tells which landing files are committed.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class LakehouseCommit:
     run: str
     timestamp_ms: int
     watermark: str | None = None
+    landing_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,16 +66,24 @@ class Checkpoint:
     net_rows: int = 0
     epoch: int = 0
     watermarks: dict[str, str] = field(default_factory=dict)
+    landing_files: dict[str, list[str]] = field(default_factory=dict)
+    """Per stream, landing files of the covered commits (maintenance keeps those still landed)."""
 
     def to_json(self) -> str:
         fields = {"snapshot-id": self.snapshot_id, "sequences": self.sequences, "watermarks": self.watermarks}
+        fields["landing-files"] = self.landing_files
         return json.dumps({**fields, "net-rows": self.net_rows, "epoch": self.epoch}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Checkpoint:
         value = json.loads(text)
         return cls(
-            value["snapshot-id"], value["sequences"], value["net-rows"], value["epoch"], value.get("watermarks", {})
+            value["snapshot-id"],
+            value["sequences"],
+            value["net-rows"],
+            value["epoch"],
+            value.get("watermarks", {}),
+            value.get("landing-files", {}),
         )
 
 
@@ -94,6 +107,14 @@ class CommitHistory:
         """The stream's highest committed sequence, 0 if none."""
         return self.checkpoint_at(None).sequences.get(stream, 0)
 
+    def landing_files(self, stream: str) -> set[str]:
+        """The landing files the stream's commits in this history hold (the checkpoint's included)."""
+        files = set(self.base.landing_files.get(stream, [])) if self.base else set()
+        for commit in self.commits:
+            if commit.stream == stream:
+                files.update(commit.landing_files)
+        return files
+
     def watermark(self, stream: str) -> str | None:
         """The stream's event-time watermark (ISO 8601, UTC) after its last commit, if it has one."""
         return self.checkpoint_at(None).watermarks.get(stream)
@@ -112,6 +133,7 @@ class CommitHistory:
         """The checkpoint for ``snapshot_id`` (an ancestor; None for the newest): base plus commits up to it."""
         sequences = dict(self.base.sequences) if self.base else {}
         watermarks = dict(self.base.watermarks) if self.base else {}
+        landing_files = {stream: list(files) for stream, files in self.base.landing_files.items()} if self.base else {}
         net_rows, epoch = (self.base.net_rows, self.base.epoch) if self.base else (0, 0)
         last_id = self.base.snapshot_id if self.base else 0
         for snapshot in self.snapshots:
@@ -122,10 +144,11 @@ class CommitHistory:
                 epoch = max(epoch, commit.epoch)
                 if commit.watermark:
                     watermarks[commit.stream] = max(watermarks.get(commit.stream, ""), commit.watermark)
+                landing_files.setdefault(commit.stream, []).extend(commit.landing_files)
             last_id = snapshot.snapshot_id
             if snapshot.snapshot_id == snapshot_id:
                 break
-        return Checkpoint(last_id, sequences, net_rows, epoch, watermarks)
+        return Checkpoint(last_id, sequences, net_rows, epoch, watermarks, landing_files)
 
 
 def _as_commit(snapshot: Snapshot) -> LakehouseCommit | None:
@@ -145,6 +168,7 @@ def _as_commit(snapshot: Snapshot) -> LakehouseCommit | None:
         run=summary.get(summary_keys.COMMITTER_RUN, ""),
         timestamp_ms=snapshot.timestamp_ms,
         watermark=summary.get(summary_keys.WATERMARK) or None,
+        landing_files=tuple(json.loads(summary.get(summary_keys.LANDING_FILES, "[]"))),
     )
 
 
@@ -201,6 +225,12 @@ def table_history(table: Table | None, branch: str = MAIN_BRANCH) -> CommitHisto
 def lakehouse_commits(table: Table | None, branch: str = MAIN_BRANCH) -> list[LakehouseCommit]:
     """The lakehouse commits along the branch's ancestry after the checkpoint, oldest first."""
     return table_history(table, branch).commits
+
+
+def committed_landing_files(table: Table | None, stream: str, branch: str = MAIN_BRANCH) -> set[str]:
+    """The landing files the stream's commits on ``branch`` hold, from the table alone: each
+    commit's ``lakehouse.landing-files`` and, for expired commits, the checkpoint's."""
+    return table_history(table, branch).landing_files(stream)
 
 
 def committed_state(table: Table | None, stream: str, branch: str = MAIN_BRANCH) -> CommittedState:

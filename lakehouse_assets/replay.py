@@ -6,7 +6,9 @@ dead-letter row of each of its lines (stream, batch, source file and line). The 
 staged and committed like any other; the dead-letter commit of its batch deletes the replayed rows
 and inserts the events that fail again, with their new reason, in one commit, before the table
 commit places the others (each table's ancestry says whether its part is done, as for every
-batch). Dead letters already named by a pending replay file are not replayed twice.
+batch). Dead letters already named by a pending replay file are not replayed twice; replays of
+one stream hold its replay lock from reading the dead letters to landing them, so two replays at
+once cannot both choose the same dead letters.
 """
 
 from __future__ import annotations
@@ -16,10 +18,15 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pyiceberg.expressions import EqualTo
+
+from lakehouse_assets import faults
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.dead_letters import DeadLetterKey, dead_letter_identifier
 from lakehouse_assets.errors import ConfigError, IngestError
+from lakehouse_assets.faults import crash_point
 from lakehouse_assets.landing import landing_dir, list_landing_files, validated_lines, write_landing_file
+from lakehouse_assets.locks import exclusive_lock, replay_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.table_metadata import load_committed_table
 
@@ -82,32 +89,36 @@ def replay_dead_letters(
     config: LakehouseConfig, paths: LakehousePaths, table_identifier: str, reason: str | None = None
 ) -> ReplayReport:
     """Land the table's dead letters (those whose reason contains ``reason``) for another try;
-    ``table_identifier`` may also be a router's dead-letter table (``lakehouse.<stream>_dead_letters``)."""
+    ``table_identifier`` may also be a router's dead-letter table (``lakehouse.<stream>_dead_letters``).
+
+    Each stream's dead letters are read, chosen and landed under the stream's replay lock."""
     identifier, streams = _dead_letters_of(config, table_identifier)
-    table = load_committed_table(config, paths, identifier)
-    rows = table.scan().to_arrow().to_pylist() if table else []
     landed: dict[str, int] = {}
     already_pending = not_replayable = 0
     for name, stream in streams.items():
         directory = landing_dir(paths, stream)
-        pending = _pending_keys(directory)
-        selected: list[tuple[DeadLetterKey, bytes]] = []
-        for row in rows:
-            if row["stream"] != name or (reason and reason not in row["reason"]):
-                continue
-            key = DeadLetterKey(name, row["batch_sequence"], row["source_file"], row["source_line"])
-            if key in pending:
-                already_pending += 1
-                continue
-            try:
-                [line] = validated_lines([row["event"]], "dead letter")
-            except (IngestError, ValueError):
-                not_replayable += 1  # not a JSON object: it can only ever be a dead letter
-                continue
-            selected.append((key, line))
-        for start in range(0, len(selected), EVENTS_PER_FILE):
-            chunk = selected[start : start + EVENTS_PER_FILE]
-            write_landing_file(directory, [line for _, line in chunk], _write_sidecar([key for key, _ in chunk]))
+        with exclusive_lock(replay_lock_file(paths.locks, name)):
+            table = load_committed_table(config, paths, identifier)
+            rows = table.scan(row_filter=EqualTo("stream", name)).to_arrow().to_pylist() if table else []
+            pending = _pending_keys(directory)
+            selected: list[tuple[DeadLetterKey, bytes]] = []
+            for row in rows:
+                if reason and reason not in row["reason"]:
+                    continue
+                key = DeadLetterKey(name, row["batch_sequence"], row["source_file"], row["source_line"])
+                if key in pending:
+                    already_pending += 1
+                    continue
+                try:
+                    [line] = validated_lines([row["event"]], "dead letter")
+                except (IngestError, ValueError):
+                    not_replayable += 1  # not a JSON object: it can only ever be a dead letter
+                    continue
+                selected.append((key, line))
+            crash_point(faults.REPLAY_AFTER_SELECTING)
+            for start in range(0, len(selected), EVENTS_PER_FILE):
+                chunk = selected[start : start + EVENTS_PER_FILE]
+                write_landing_file(directory, [line for _, line in chunk], _write_sidecar([key for key, _ in chunk]))
         if selected:
             landed[name] = len(selected)
     return ReplayReport(landed, already_pending, not_replayable)

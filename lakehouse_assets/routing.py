@@ -29,7 +29,13 @@ from pyspark.sql import functions as F
 from lakehouse_assets import faults
 from lakehouse_assets.batch_ledger import EVENTS_DIR, BatchRecord, CommittedBatch, StagedBatch, StreamLedger
 from lakehouse_assets.committer import CommitterPass, commit_dead_letters
-from lakehouse_assets.config import ROUTER_DEAD_LETTER_NAMESPACE, TEMPLATE_POINTER, LakehouseConfig, StreamSpec
+from lakehouse_assets.config import (
+    ROUTED_TABLE,
+    ROUTER_DEAD_LETTER_NAMESPACE,
+    TEMPLATE_POINTER,
+    LakehouseConfig,
+    StreamSpec,
+)
 from lakehouse_assets.conversion import EVENT_COLUMN, LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN, read_landing_lines
 from lakehouse_assets.dead_letters import DEAD_LETTER_SUFFIX
 from lakehouse_assets.faults import crash_point
@@ -37,14 +43,13 @@ from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.replay import sidecar_path
-from lakehouse_assets.staging import landing_files, minted_record
+from lakehouse_assets.staging import input_links, landing_files, minted_record
 from lakehouse_assets.table_metadata import current_metadata_location
 
 ROUTE_COLUMN = "_lakehouse_route"
 ROUTES_DIR = "routes"
-# Resolved identifiers are lower-cased (as Hive and Glue catalogs do) and must name a table in a
-# namespace. ``__`` joins the parts of the derived stream's name, so parts may not contain it.
-ROUTED_IDENTIFIER = r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$"
+ROUTED_IDENTIFIER = f"^{ROUTED_TABLE}\\z"
+"""The routed-table grammar (``config.ROUTED_TABLE``) as a Java regular expression for ``rlike``."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,7 @@ def _stage_routes(
     run_id: str | None,
 ) -> BatchRecord:
     """Resolve every event's table and write the attempt's route files; the winning attempt's record."""
-    lines = read_landing_lines(spark, landing_files(paths, stream, record)).withColumn(
+    lines = read_landing_lines(spark, landing_files(paths, stream, record), input_links(record)).withColumn(
         ROUTE_COLUMN, route_column(stream.table_identifier)
     )
     missing: list[str] = []

@@ -82,7 +82,7 @@ def new_columns(lines: DataFrame, stream: StreamSpec, table_schema: T.StructType
             members = F.json_object_keys(F.get_json_object("row", _json_path(path)))
             keys = rows.select(F.explode(members).alias("key")).distinct().collect()
             present = {name.lower() for name in struct.fieldNames()}
-            for key in sorted(row["key"] for row in keys if FIELD_NAME.match(row["key"])):
+            for key in sorted(row["key"] for row in keys if FIELD_NAME.fullmatch(row["key"])):
                 if key.lower() not in present:
                     found[".".join((*path, key))] = _inferred_type(rows, (*path, key))
         return {name: kind for name, kind in found.items() if kind is not None}

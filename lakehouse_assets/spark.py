@@ -50,6 +50,9 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
         # The writer stages only rows whose required columns are set, so Parquet's nullable
         # columns may be appended to required Iceberg columns.
         "spark.sql.iceberg.check-nullability": "false",
+        # A JSON object with a key twice, or map keys that coerce alike, keep the last value
+        # instead of failing the job.
+        "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
     }
     conf.update(config.spark)
     if "spark.jars.packages" not in config.spark:

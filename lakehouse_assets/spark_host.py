@@ -34,6 +34,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from functools import cache
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
@@ -49,6 +50,7 @@ POLL_SECONDS = 0.1
 KEY_FILE = "spark-host.key"
 LOG_FILE = "spark-host.log"
 SPAWN_LOCK_FILE = "spark-host.lock"
+CODE_CHANGED_EXIT = 3
 
 
 class SparkHostError(LakehouseError):
@@ -59,8 +61,10 @@ class RemoteCallError(LakehouseError):
     """An engine call failed on the Spark host with an error that cannot travel as itself."""
 
 
-def _code_stamp() -> str:
-    """What identifies the package's code: its files' names, sizes and modification times."""
+@cache
+def code_stamp() -> str:
+    """What identifies the package's code as this process first saw it: its files' names, sizes
+    and modification times."""
     package = Path(__file__).resolve().parent
     digest = hashlib.sha256(sys.executable.encode())
     for path in sorted(package.rglob("*.py")):
@@ -74,7 +78,7 @@ def host_address(config: LakehouseConfig, paths: LakehousePaths) -> str:
     (kept short, under the temp directory: socket paths are limited to about 100 bytes)."""
     from lakehouse_assets.spark import static_spark_conf
 
-    identity = f"{paths.home}\n{sorted(static_spark_conf(config).items())}\n{_code_stamp()}"
+    identity = f"{paths.home}\n{sorted(static_spark_conf(config).items())}\n{code_stamp()}"
     return str(Path(tempfile.gettempdir()) / f"lakehouse-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.sock")
 
 
@@ -115,11 +119,13 @@ def _connect_or_start(config: LakehouseConfig, paths: LakehousePaths) -> Connect
         Path(address).unlink(missing_ok=True)  # a host that died leaves its socket file behind
         log = open(paths.state / LOG_FILE, "ab")  # noqa: SIM115 - handed to the host process
         command = [sys.executable, "-m", "lakehouse_assets.spark_host", "--address", address]
-        command += ["--idle-timeout", str(config.spark_host.idle_timeout)]
+        command += ["--idle-timeout", str(config.spark_host.idle_timeout), "--code-stamp", code_stamp()]
         host = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
+            if host.poll() == CODE_CHANGED_EXIT:
+                raise SparkHostError("the package changed since this run started; the next run uses the new code")
             if host.poll() is not None:
                 raise SparkHostError(f"the Spark host exited with code {host.returncode}; see {paths.state / LOG_FILE}")
             connection = _connect(address, key)
@@ -240,7 +246,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--address", required=True)
     parser.add_argument("--idle-timeout", type=float, required=True)
+    parser.add_argument("--code-stamp", required=True, help="the code the calling process runs")
     arguments = parser.parse_args()
+    if arguments.code_stamp != code_stamp():
+        # The package changed after the caller loaded it: its calls would not match this code.
+        print("the package changed since the calling run started; not serving it", flush=True)
+        sys.exit(CODE_CHANGED_EXIT)
     from lakehouse_assets.config import load_config
     from lakehouse_assets.spark import lakehouse_session
 

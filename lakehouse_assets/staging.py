@@ -2,17 +2,23 @@
 
 Staged data lives beside the ledger, never in the table, so readers see nothing until the
 committer publishes it. Each attempt writes into its own directory and the first attempt to
-record itself wins, so a retried or duplicated writer run leaves exactly one staged batch.
+record itself wins, so a retried or duplicated writer run leaves exactly one staged batch. Spark
+reads the landing files through links named by position (``inputs/``), so a file's name is never
+a pattern or a path to Hadoop. Should the conversion job still fail on some events, they are
+isolated and staged as dead letters with Spark's error (``quarantine``), and the rest is staged.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
-from pyspark.sql import Observation, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lakehouse_assets import faults
 from lakehouse_assets.batch_ledger import EVENTS_DIR, BatchRecord, StagedBatch, StreamLedger
@@ -27,12 +33,13 @@ from lakehouse_assets.conversion import (
     staged_events,
     with_iceberg_types,
 )
-from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.iceberg_source import source_columns
 from lakehouse_assets.inference import SAMPLE_EVENTS, infer_columns
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.quarantine import SPARK_ERRORS, isolate_failing_lines, quarantined_events, without_failing
 from lakehouse_assets.schema_evolution import new_columns, with_new_columns
 from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets.tables import ensure_table, identifier_columns, qualified_name
@@ -40,6 +47,7 @@ from lakehouse_assets.tables import ensure_table, identifier_columns, qualified_
 # Event times in the ledger and in snapshot summaries: ISO 8601 in UTC (the session time zone), so
 # they compare correctly as strings.
 ISO_8601_UTC = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
+INPUT_LINKS_DIR = "inputs"
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,11 @@ def minted_record(
     return record
 
 
+def input_links(record: BatchRecord) -> Path:
+    """Where Spark reads the batch's landing files from: links named by position (``inputs/``)."""
+    return record.directory / INPUT_LINKS_DIR
+
+
 def landing_files(paths: LakehousePaths, stream: StreamSpec, record: BatchRecord) -> list[str]:
     """The batch's landing files; LakehouseError when one has disappeared."""
     directory = landing_dir(paths, stream)
@@ -78,6 +91,30 @@ def landing_files(paths: LakehousePaths, stream: StreamSpec, record: BatchRecord
             f"e.g. {directory / missing[0]}; landing files must never be removed before commit"
         )
     return [str(directory / name) for name in record.minted.files]
+
+
+def _write_observed(
+    staged: DataFrame, stream: StreamSpec, table_schema: T.StructType, sequence: int, attempt_dir: Path
+) -> dict:
+    """Write the staged events as the attempt's Parquet in one pass, observing the batch's counts
+    and event-time range while writing."""
+    accepted = F.col(REASON_COLUMN).isNull()
+    deleted = accepted & (F.col(OPERATION_COLUMN) == F.lit(DELETE))
+    event_time = stream.resolved_event_time_column()
+    if event_time not in table_schema.fieldNames():
+        event_time = None
+    observation = Observation(f"batch-{sequence}")
+    event_times = F.when(accepted & ~deleted, F.col(event_time)) if event_time else F.lit(None).cast("timestamp")
+    observed = staged.observe(
+        observation,
+        F.count(F.when(accepted & ~deleted, 1)).alias("rows"),
+        F.count(F.when(deleted, 1)).alias("deletes"),
+        F.count(F.when(~accepted, 1)).alias("rejected"),
+        F.date_format(F.min(event_times), ISO_8601_UTC).alias("min_event_time"),
+        F.date_format(F.max(event_times), ISO_8601_UTC).alias("max_event_time"),
+    )
+    observed.write.parquet(str(attempt_dir / EVENTS_DIR))
+    return observation.get
 
 
 def stage_batch(
@@ -100,7 +137,7 @@ def stage_batch(
     if record.staged:
         return StagingOutcome(record.staged, False, len(minted.files), minted.bytes)
 
-    lines = read_landing_lines(spark, landing_files(paths, stream, record))
+    lines = read_landing_lines(spark, landing_files(paths, stream, record), input_links(record))
     # Called only when the table must be created without declared columns.
     if stream.iceberg_source:
         undeclared_columns = partial(source_columns, config, paths, stream)
@@ -115,27 +152,30 @@ def stage_batch(
     added = new_columns(lines, stream, table_schema) if stream.schema_evolution else {}
     table_schema = with_new_columns(table_schema, added)
     keys = identifier_columns(config, paths, stream)
+    if stream.version_column and stream.version_column not in table_schema.fieldNames():
+        raise ConfigError(
+            f"stream {stream.name!r}: version_column: {stream.version_column!r} is not a column of "
+            f"{stream.table_identifier} (columns: {', '.join(table_schema.fieldNames())})"
+        )
+
+    def converted(subset: DataFrame) -> DataFrame:
+        return staged_events(convert_events(subset, table_schema, stream, keys), table_schema, keys)
 
     attempt, attempt_dir = ledger.new_attempt(sequence)
-    staged_frame = staged_events(convert_events(lines, table_schema, stream, keys), table_schema, keys)
-    # One pass over the events: counts and the event-time range are observed while writing.
-    accepted = F.col(REASON_COLUMN).isNull()
-    deleted = accepted & (F.col(OPERATION_COLUMN) == F.lit(DELETE))
-    event_time = stream.resolved_event_time_column()
-    if event_time not in table_schema.fieldNames():
-        event_time = None
-    observation = Observation(f"batch-{sequence}")
-    event_times = F.when(accepted & ~deleted, F.col(event_time)) if event_time else F.lit(None).cast("timestamp")
-    observed = staged_frame.observe(
-        observation,
-        F.count(F.when(accepted & ~deleted, 1)).alias("rows"),
-        F.count(F.when(deleted, 1)).alias("deletes"),
-        F.count(F.when(~accepted, 1)).alias("rejected"),
-        F.date_format(F.min(event_times), ISO_8601_UTC).alias("min_event_time"),
-        F.date_format(F.max(event_times), ISO_8601_UTC).alias("max_event_time"),
-    )
-    observed.write.parquet(str(attempt_dir / EVENTS_DIR))
-    metrics = observation.get
+    try:
+        metrics = _write_observed(converted(lines), stream, table_schema, sequence, attempt_dir)
+    except SPARK_ERRORS:
+        # The safety net: find the events Spark fails on, dead-letter them, stage the rest.
+        failing = isolate_failing_lines(
+            lines, lambda span: converted(span).write.format("noop").mode("overwrite").save()
+        )
+        if not failing:
+            raise
+        shutil.rmtree(attempt_dir, ignore_errors=True)
+        attempt, attempt_dir = ledger.new_attempt(sequence)
+        quarantined = quarantined_events(lines, failing, table_schema)
+        frame = converted(without_failing(lines, failing)).unionByName(quarantined)
+        metrics = _write_observed(frame, stream, table_schema, sequence, attempt_dir)
     crash_point(faults.WRITER_AFTER_STAGING)
     staged = StagedBatch(
         sequence=sequence,

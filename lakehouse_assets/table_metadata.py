@@ -7,6 +7,7 @@ every other catalog is asked through PyIceberg's own catalog client.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pyiceberg.catalog import load_catalog
@@ -17,6 +18,8 @@ from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.paths import LakehousePaths
 
 CATALOG_NAME = "lake"
+VERSION_HINT = "version-hint.text"
+_METADATA_VERSION = re.compile(r"v([0-9]+)\.metadata\.json")
 
 
 def is_hadoop_catalog(config: LakehouseConfig) -> bool:
@@ -33,13 +36,37 @@ def _hadoop_table_dir(config: LakehouseConfig, paths: LakehousePaths, identifier
     return Path(warehouse, *identifier.split("."))
 
 
+def _hinted_version(metadata_dir: Path) -> int | None:
+    """The version ``version-hint.text`` names, or None when it is missing or unreadable."""
+    try:
+        return int((metadata_dir / VERSION_HINT).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _highest_listed_version(metadata_dir: Path) -> int | None:
+    """The highest ``v<N>.metadata.json`` in the directory, or None when there is none."""
+    try:
+        names = [entry.name for entry in metadata_dir.iterdir()]
+    except FileNotFoundError:
+        return None
+    versions = [int(match.group(1)) for name in names if (match := _METADATA_VERSION.fullmatch(name))]
+    return max(versions, default=None)
+
+
 def current_metadata_location(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> str | None:
-    """The table's current metadata file, or None when the table does not exist."""
+    """The table's current metadata file, or None when the table does not exist.
+
+    For the Hadoop catalog this does what Iceberg's ``HadoopTableOperations`` does: start from
+    ``version-hint.text`` or, when the hint is missing or unreadable, from the highest
+    ``v<N>.metadata.json`` listed, and follow newer versions from there.
+    """
     if is_hadoop_catalog(config):
         metadata_dir = _hadoop_table_dir(config, paths, identifier) / "metadata"
-        try:
-            version = int((metadata_dir / "version-hint.text").read_text().strip())
-        except FileNotFoundError:
+        version = _hinted_version(metadata_dir)
+        if version is None or not (metadata_dir / f"v{version}.metadata.json").exists():
+            version = _highest_listed_version(metadata_dir)
+        if version is None:
             return None
         # The hint can lag a commit that renamed a newer version into place: follow the chain.
         while (metadata_dir / f"v{version + 1}.metadata.json").exists():

@@ -22,11 +22,22 @@ from lakehouse_assets.tables import qualified_name
 
 @dataclass(frozen=True)
 class ChangeCounts:
-    """Rows a MERGE inserts, updates and deletes (deleting a missing key counts nothing)."""
+    """Rows a MERGE inserts, updates and deletes (deleting a missing key counts nothing), and the
+    stale changes it skips: older, by the order column, than the row they would change."""
 
     inserted: int
     updated: int
     deleted: int
+    stale: int = 0
+
+
+def _not_stale(order_column: str | None, change: str = "s", row: str = "t") -> str:
+    """SQL that holds when a change may apply to a row: no order column, either side's order is
+    NULL, or the change is not older than the row (a tie applies: a redelivery is idempotent)."""
+    if not order_column:
+        return "true"
+    change_order, row_order = f"{change}.`{order_column}`", f"{row}.`{order_column}`"
+    return f"({row_order} IS NULL OR {change_order} IS NULL OR {change_order} >= {row_order})"
 
 
 def append_rows(frame: DataFrame, identifier: str, properties: dict[str, str], branch: str | None = None) -> None:
@@ -38,20 +49,29 @@ def append_rows(frame: DataFrame, identifier: str, properties: dict[str, str], b
 
 
 def count_changes(
-    spark: SparkSession, identifier: str, changes: DataFrame, keys: list[str], branch: str | None = None
+    spark: SparkSession,
+    identifier: str,
+    changes: DataFrame,
+    keys: list[str],
+    branch: str | None = None,
+    order_column: str | None = None,
 ) -> ChangeCounts:
-    """What merging ``changes`` (one row per key, with its net operation) will do to the table (or its ``branch``)."""
-    existing = spark.table(qualified_name(identifier, branch)).select(*keys)
-    existing = existing.withColumn("_lakehouse_exists", F.lit(True))
-    joined = changes.select(*keys, OPERATION_COLUMN).join(existing, on=keys, how="left")
+    """What merging ``changes`` (one row per key, with its net operation) will do to the table (or
+    its ``branch``), skipping changes older than their row by ``order_column``."""
+    ordered = [order_column] if order_column else []
+    existing = spark.table(qualified_name(identifier, branch)).select(*keys, *ordered)
+    existing = existing.withColumn("_lakehouse_exists", F.lit(True)).alias("t")
+    joined = changes.select(*keys, *ordered, OPERATION_COLUMN).alias("s").join(existing, on=keys, how="left")
     is_delete = F.col(OPERATION_COLUMN) == F.lit(DELETE)
     exists = F.col("_lakehouse_exists").isNotNull()
+    applies = F.expr(_not_stale(order_column))
     row = joined.agg(
         F.count(F.when(~is_delete & ~exists, 1)).alias("inserted"),
-        F.count(F.when(~is_delete & exists, 1)).alias("updated"),
-        F.count(F.when(is_delete & exists, 1)).alias("deleted"),
+        F.count(F.when(~is_delete & exists & applies, 1)).alias("updated"),
+        F.count(F.when(is_delete & exists & applies, 1)).alias("deleted"),
+        F.count(F.when(exists & ~applies, 1)).alias("stale"),
     ).first()
-    return ChangeCounts(row["inserted"], row["updated"], row["deleted"])
+    return ChangeCounts(row["inserted"], row["updated"], row["deleted"], row["stale"])
 
 
 class _SqlStatement:
@@ -89,18 +109,20 @@ def merge_changes(
     properties: dict[str, str],
     view_name: str,
     branch: str | None = None,
+    order_column: str | None = None,
 ) -> None:
     """Apply net changes (UPSERT or DELETE per key) to the table (or its ``branch``) in one MERGE
-    commit carrying ``properties``."""
+    commit carrying ``properties``; a change older than its row by ``order_column`` is skipped."""
     changes.createOrReplaceTempView(view_name)
     on = " AND ".join(f"t.`{key}` = s.`{key}`" for key in keys)
     assignments = ", ".join(f"t.`{column}` = s.`{column}`" for column in columns)
     names = ", ".join(f"`{column}`" for column in columns)
     values = ", ".join(f"s.`{column}`" for column in columns)
+    applies = _not_stale(order_column)
     statement = (
         f"MERGE INTO {qualified_name(identifier, branch)} t USING {view_name} s ON {on} "
-        f"WHEN MATCHED AND s.{OPERATION_COLUMN} = '{DELETE}' THEN DELETE "
-        f"WHEN MATCHED THEN UPDATE SET {assignments} "
+        f"WHEN MATCHED AND s.{OPERATION_COLUMN} = '{DELETE}' AND {applies} THEN DELETE "
+        f"WHEN MATCHED AND s.{OPERATION_COLUMN} <> '{DELETE}' AND {applies} THEN UPDATE SET {assignments} "
         f"WHEN NOT MATCHED AND s.{OPERATION_COLUMN} <> '{DELETE}' THEN INSERT ({names}) VALUES ({values})"
     )
     try:

@@ -9,9 +9,15 @@ from collections.abc import Callable
 from py4j.java_gateway import JavaObject, JVMView
 from pyspark.sql import SparkSession
 
-from lakehouse_assets.config import ColumnSpec, LakehouseConfig, StreamSpec
+from lakehouse_assets.config import (
+    SOURCE_POSITION_COLUMN,
+    SOURCE_POSITION_TYPE,
+    ColumnSpec,
+    LakehouseConfig,
+    StreamSpec,
+)
 from lakehouse_assets.errors import ConfigError, TableNotFoundError
-from lakehouse_assets.iceberg_types import iceberg_schema_json
+from lakehouse_assets.iceberg_types import iceberg_schema_json, spark_ddl
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.table_metadata import CATALOG_NAME, current_metadata_location, load_committed_table
@@ -84,6 +90,7 @@ def ensure_table(
     """
     identifier = stream.table_identifier
     if current_metadata_location(config, paths, identifier):
+        _add_missing_system_columns(spark, config, paths, stream)
         return False
     if not stream.auto_create:
         raise TableNotFoundError(
@@ -96,8 +103,33 @@ def ensure_table(
         namespace = stream.namespace
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified_name(namespace)}")
         columns = stream.table_schema.columns or undeclared_columns()
-        create_table(spark, stream, columns)
+        create_table(spark, stream, [*columns, *system_columns(stream)])
     return True
+
+
+def system_columns(stream: StreamSpec) -> list[ColumnSpec]:
+    """Columns the pipeline keeps beside the stream's own: a Debezium stream's source position,
+    which orders a key's changes across batches (``StreamSpec.order_column``)."""
+    if stream.order_column == SOURCE_POSITION_COLUMN:
+        return [ColumnSpec(name=SOURCE_POSITION_COLUMN, type=SOURCE_POSITION_TYPE)]
+    return []
+
+
+def _add_missing_system_columns(
+    spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec
+) -> None:
+    """Add the stream's system columns to a table created without them (holding the table's lock)."""
+    present = set(load_committed_table(config, paths, stream.table_identifier).schema().column_names)
+    missing = [column for column in system_columns(stream) if column.name not in present]
+    if not missing:
+        return
+    with exclusive_lock(table_lock_file(paths.locks, stream.table_identifier)):
+        present = set(load_committed_table(config, paths, stream.table_identifier).schema().column_names)
+        definitions = ", ".join(
+            f"`{column.name}` {spark_ddl(column.iceberg_type)}" for column in missing if column.name not in present
+        )
+        if definitions:
+            spark.sql(f"ALTER TABLE {qualified_name(stream.table_identifier)} ADD COLUMNS ({definitions})")
 
 
 def require_static_tables(config: LakehouseConfig, paths: LakehousePaths) -> None:

@@ -35,8 +35,9 @@ def test_a_foreign_row_fails_the_row_count_check_in_the_dagster_ui(committed_ord
 
     report = run_until_idle(build_definitions(config), instance, log=lambda _: None)
 
-    # The check is blocking: the committer run fails, so nothing downstream reads the bad table.
-    assert [label.split()[0] for label in report.failed] == ["sales_orders_commit_job"]
+    # The check is blocking: the run that committed (the writer run) fails, so nothing downstream
+    # reads the bad table.
+    assert [label.split()[0] for label in report.failed] == ["orders_stage_job"]
 
     key = dg.AssetCheckKey(names.table_key("sales.orders"), names.ROW_COUNT_CHECK)
     record = instance.get_latest_asset_check_evaluation_record(key)

@@ -109,7 +109,8 @@ def test_repeated_and_concurrent_writer_attempts_leave_one_staged_batch(config, 
     second = stage_batch(spark, config, paths, stream, batch.sequence, expected_files=batch.files)
     assert first.written_now and not second.written_now
     assert second.staged == first.staged
-    attempts = [p.name for p in StreamLedger(paths.staging("orders")).batch(1).directory.iterdir() if p.is_dir()]
+    directory = StreamLedger(paths.staging("orders")).batch(1).directory
+    attempts = [p.name for p in directory.iterdir() if p.is_dir() and p.name.startswith("attempt-")]
     assert attempts == [f"attempt-{first.staged.attempt}"]
 
 

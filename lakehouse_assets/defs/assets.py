@@ -171,6 +171,7 @@ def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:
         "rows_inserted": result.inserted,
         "rows_updated": result.updated,
         "rows_deleted": result.deleted,
+        "stale_changes_skipped": result.stale_changes,
         "dead_letters": result.dead_letters,
         "data_files_added": result.data_files_added,
         "delete_files_added": result.delete_files_added,

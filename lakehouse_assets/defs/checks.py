@@ -256,7 +256,7 @@ def change_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.A
                 batches = _last_published_changes(lakehouse, stream)
                 outcomes.append(
                     checks.check_changes_applied(
-                        iceberg_connection(), snapshot.metadata_location, batches, keys, columns
+                        iceberg_connection(), snapshot.metadata_location, batches, keys, columns, stream.order_column
                     )
                 )
         merged = checks.CheckOutcome(

@@ -18,6 +18,16 @@ COMMITTER_PRIORITY = 10
 """A committer run jumps the queue: it publishes what writer runs already staged."""
 BACKGROUND_PRIORITY = -10
 """Maintenance and freshness runs wait behind every writer and committer run."""
+WRITER_RETRY_TAG = "lakehouse/writer-retry"
+"""How many times the landing sensor requested a batch again after its writer run failed and Dagster
+retried it no more (absent on the first request); Dagster's own retries of a run copy it."""
+WRITER_RETRY_REASON_TAG = "lakehouse/writer-retry-reason"
+"""Why the landing sensor requested a batch again: the failed run and the backoff waited."""
+# Dagster's own run tags (``dagster._core.storage.tags``; a test pins them).
+WILL_RETRY_TAG = "dagster/will_retry"
+"""Set by Dagster on a failed run when run retries are enabled: whether it will launch a retry."""
+RETRY_NUMBER_TAG = "dagster/retry_number"
+MAX_RETRIES_TAG = "dagster/max_retries"
 
 SCHEMA_CHECK = "schema_matches_declared"
 ROW_COUNT_CHECK = "rows_reconcile_with_batches"

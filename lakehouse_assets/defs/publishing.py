@@ -16,6 +16,18 @@ from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import PublishRefusedError
 from lakehouse_assets.publishing import discard_audited, publish_table
 
+EVALUATIONS_SEARCHED = 20
+"""Check records read back to find the latest evaluation past runs that only planned the check."""
+
+
+def latest_evaluation(instance: dg.DagsterInstance, check: dg.AssetCheckKey) -> dg.AssetCheckEvaluation | None:
+    """The check's latest evaluation. A check that a run only planned so far (the run in progress,
+    or one that died before the check ran) has a newer record without an evaluation; it is passed over."""
+    for record in instance.event_log_storage.get_asset_check_execution_history(check, limit=EVALUATIONS_SEARCHED):
+        if isinstance(record.evaluation, dg.AssetCheckEvaluation):
+            return record.evaluation
+    return None
+
 
 def checks_not_passed(
     instance: dg.DagsterInstance, table_identifier: str, streams: list[StreamSpec], snapshot_id: int
@@ -25,11 +37,7 @@ def checks_not_passed(
     asset_key = names.table_key(table_identifier)
     problems = {}
     for name in blocking_check_names(streams):
-        record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(asset_key, name))
-        # A check planned by a run that died before it ran has a record but no evaluation yet.
-        evaluation = record.evaluation if record else None
-        if not isinstance(evaluation, dg.AssetCheckEvaluation):
-            evaluation = None
+        evaluation = latest_evaluation(instance, dg.AssetCheckKey(asset_key, name))
         checked = evaluation.metadata.get("snapshot_id") if evaluation else None
         if evaluation is None or checked is None or checked.value != str(snapshot_id):
             problems[name] = f"has not run on snapshot {snapshot_id}"

@@ -1,5 +1,7 @@
 """Sensors: landing files -> writer runs (micro-batches), staged batches -> committer runs."""
 
+import time
+
 import dagster as dg
 
 from lakehouse_assets.batch_ledger import MintedBatch, StreamLedger
@@ -17,6 +19,8 @@ from lakehouse_assets.table_metadata import load_committed_table
 MAX_BATCHES_PER_TICK = 16
 SENSOR_DAEMON_LOOP_SECONDS = 5
 """The Dagster sensor daemon evaluates sensors at most this often, whatever their interval."""
+WRITER_RETRY_BACKOFF_SECONDS = 30.0
+WRITER_RETRY_BACKOFF_CAP_SECONDS = 600.0
 IN_PROGRESS = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -25,15 +29,74 @@ IN_PROGRESS = [
 ]
 
 
-def writer_run_request(batch: MintedBatch) -> dg.RunRequest:
-    """The run that stages ``batch``: run key ``<stream>:<sequence>``, exact files as typed config."""
+def writer_run_request(batch: MintedBatch, retry: int = 0, reason: str | None = None) -> dg.RunRequest:
+    """The run that stages ``batch``: run key ``<stream>:<sequence>`` (``...:retry-<n>`` when the
+    sensor requests it again after a failure), exact files as typed config."""
+    tags = {names.STREAM_TAG: batch.stream, names.SEQUENCE_TAG: str(batch.sequence)}
+    if retry:
+        tags[names.WRITER_RETRY_TAG] = str(retry)
+    if reason:
+        tags[names.WRITER_RETRY_REASON_TAG] = reason
     return dg.RunRequest(
-        run_key=f"{batch.stream}:{batch.sequence}",
+        run_key=f"{batch.stream}:{batch.sequence}" + (f":retry-{retry}" if retry else ""),
         run_config=dg.RunConfig(
             ops={names.staged_batches_op(batch.stream): StagedBatchConfig(sequence=batch.sequence, files=batch.files)}
         ),
-        tags={names.STREAM_TAG: batch.stream, names.SEQUENCE_TAG: str(batch.sequence)},
+        tags=tags,
     )
+
+
+def writer_retry_backoff(retry: int) -> float:
+    """Seconds between a writer run failing for good and the sensor's request ``retry`` (1, 2, ...):
+    30 s, doubling per retry, at most 10 minutes."""
+    return min(WRITER_RETRY_BACKOFF_SECONDS * 2 ** (retry - 1), WRITER_RETRY_BACKOFF_CAP_SECONDS)
+
+
+def _retries_exhausted(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    """Whether Dagster will launch no retry of this failed run: run retries are off, or Dagster
+    tagged it ``dagster/will_retry=false``, or (not tagged yet) its retry number reached the maximum."""
+    if not instance.run_retries_enabled:
+        return True
+    will_retry = run.tags.get(names.WILL_RETRY_TAG)
+    if will_retry is not None:
+        return will_retry.lower() != "true"
+    try:
+        max_retries = int(run.tags.get(names.MAX_RETRIES_TAG, instance.run_retries_max_retries))
+        return int(run.tags.get(names.RETRY_NUMBER_TAG, "0")) >= max_retries
+    except ValueError:
+        return True
+
+
+def unstaged_batch_request(
+    instance: dg.DagsterInstance, batch: MintedBatch, now: float
+) -> tuple[dg.RunRequest | None, str | None]:
+    """The request for a minted batch that is not staged yet, under the sensor daemon, and what to
+    tell the operator (None when all is well).
+
+    The daemon launches a run key once and Dagster retries a failed run at most ``max_retries``
+    times, so the batch is requested under the run key of its latest attempt (a duplicate the
+    daemon skips) until that attempt's runs failed for good; then, once the backoff since the
+    failure has passed, under a new run key ``<stream>:<sequence>:retry-<n>``. While it backs off
+    there is no request, and the note says which run failed and when the batch is requested again.
+    """
+    records = instance.get_run_records(
+        filters=dg.RunsFilter(tags={names.STREAM_TAG: batch.stream, names.SEQUENCE_TAG: str(batch.sequence)}),
+        limit=1,
+    )
+    latest = records[0].dagster_run if records else None
+    retry = int(latest.tags.get(names.WRITER_RETRY_TAG, "0")) if latest else 0
+    if latest is None or latest.status != dg.DagsterRunStatus.FAILURE or not _retries_exhausted(instance, latest):
+        return writer_run_request(batch, retry), None
+    backoff = writer_retry_backoff(retry + 1)
+    failed_at = records[0].end_time or records[0].update_timestamp.timestamp()
+    failure = f"batch {batch.stream}:{batch.sequence}: writer run {latest.run_id} failed and Dagster will not retry it"
+    if now < failed_at + backoff:
+        return None, (
+            f"{failure}; requesting the batch again (retry {retry + 1}) in {failed_at + backoff - now:.0f}s "
+            f"({backoff:.0f}s after the failure)"
+        )
+    reason = f"{failure}; requested again (retry {retry + 1}) {backoff:.0f}s after the failure"
+    return writer_run_request(batch, retry + 1, reason), reason
 
 
 def landing_sensor_interval(stream: StreamSpec) -> int:
@@ -46,7 +109,9 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
     """Cuts micro-batches of ``stream`` with the dual trigger and requests one writer run each.
 
     Minted batches that are not staged yet are requested again every tick under the same run
-    key, so a lost request or a cursor moved back deduplicates instead of skipping a batch.
+    key, so a lost request or a cursor moved back deduplicates instead of skipping a batch; a batch
+    whose writer run failed past Dagster's retries is requested again under a new run key after a
+    backoff (``unstaged_batch_request``), and the tick says so.
     While one batch waits for its writer run, no other is cut: the events that land meanwhile go
     into the next batch, so under load batches grow instead of runs piling up in the queue, and
     each writer run pays its process and JVM start for as many events as arrived during the last.
@@ -65,11 +130,22 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
         ledger = StreamLedger(paths.staging(stream.name))
         # A router's batch is done once routed and its unroutable events committed, not when staged.
         unfinished = [r for r in ledger.batches() if (r.committed if current.is_router else r.staged) is None]
-        requests = [writer_run_request(r.minted) for r in unfinished]
         if unfinished and not lakehouse.until_idle:
-            # Requested again under its run key (the daemon launches a run key once): events
-            # landing meanwhile wait for the next batch.
+            # Requested again under its attempt's run key (the daemon launches a run key once), or
+            # under a new one after a failure Dagster retries no more: events landing meanwhile
+            # wait for the next batch.
+            now, requests, notes = time.time(), [], []
+            for record in unfinished:
+                request, note = unstaged_batch_request(context.instance, record.minted, now)
+                requests += [request] if request else []
+                notes += [note] if note else []
+            for note in notes:
+                context.log.warning(note)
+            if not requests:
+                return dg.SkipReason("; ".join(notes))
             return dg.SensorResult(run_requests=requests, cursor=context.cursor)
+        # ``lakehouse run --until-idle`` runs every request itself and repeats a failed one.
+        requests = [writer_run_request(r.minted) for r in unfinished]
         reason = "no minted batch waits for staging"
         for _ in range(MAX_BATCHES_PER_TICK):
             batch, reason = mint_next_batch(config, paths, current, drain=lakehouse.until_idle)

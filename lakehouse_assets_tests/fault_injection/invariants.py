@@ -3,11 +3,12 @@
 It reads the tables with DuckDB and PyIceberg (no Spark) and returns every violation it finds:
 
 - each table's rows equal the oracle (appends: every valid event once; changes: the model of the
-  changes applied in landing order), and DuckDB and PyIceberg read the same rows;
+  changes applied in landing order; a dead letter replayed by ``lakehouse dlq replay`` counts at
+  its replay, in place of its first landing), and DuckDB and PyIceberg read the same rows;
 - no identifier key appears twice in the change table;
 - every rejected event is in the dead-letter table exactly once;
 - per stream, batch ranges along the ancestry are contiguous (no gap, overlap or repeat) and every
-  landed file belongs to a committed batch;
+  landed file belongs to a committed batch (in the staging ledger, or named by the table's history);
 - each lakehouse commit added exactly the rows it staged;
 - no data file is referenced twice, and every referenced data and delete file exists.
 """
@@ -28,17 +29,21 @@ from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.duck import iceberg_connection, manifest_entries, scan
 from lakehouse_assets.landing import landing_dir, list_landing_files
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.recovery import committed_state
+from lakehouse_assets.recovery import committed_landing_files, committed_state
+from lakehouse_assets.replay import replayed_keys
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 
 
 def _landed_events(config: LakehouseConfig, paths: LakehousePaths, stream: str) -> list[dict]:
+    """The stream's events in landing order; a replayed dead letter only where it was replayed."""
     directory = landing_dir(paths, config.stream(stream))
+    names = [landed.name for landed in list_landing_files(directory)]
+    replayed = {(key.source_file, key.source_line) for key in replayed_keys(directory, names)}
     return [
         json.loads(line)
-        for landed in list_landing_files(directory)
-        for line in (directory / landed.name).read_text().splitlines()
-        if line.strip()
+        for name in names
+        for number, line in enumerate((directory / name).read_text().splitlines(), start=1)
+        if line.strip() and (name, number) not in replayed
     ]
 
 
@@ -140,6 +145,7 @@ def invariant_violations(config: LakehouseConfig, paths: LakehousePaths) -> list
         table = load_committed_table(config, paths, stream.table_identifier)
         committed = committed_state(table, stream.name).sequence
         claimed = {name for record in ledger.batches() if record.sequence <= committed for name in record.minted.files}
+        claimed |= committed_landing_files(table, stream.name)
         unclaimed = [f.name for f in list_landing_files(landing_dir(paths, stream)) if f.name not in claimed]
         if unclaimed:
             problems.append(f"stream {stream.name}: {len(unclaimed)} landed files are not in a committed batch")

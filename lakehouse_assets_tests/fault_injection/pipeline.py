@@ -119,9 +119,14 @@ def kill_at_then_restart(point: str) -> None:
 
 def start_pipeline_process(extra_env: dict[str, str], log: Path) -> subprocess.Popen:
     """Start ``lakehouse run --until-idle`` without waiting; output goes to ``log``."""
+    return start_lakehouse_process(["run", "--until-idle"], extra_env, log)
+
+
+def start_lakehouse_process(arguments: list[str], extra_env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start ``lakehouse <arguments>`` without waiting; output goes to ``log``."""
     handle = open(log, "w")  # noqa: SIM115 - closed by the process's end
     return subprocess.Popen(
-        [sys.executable, "-m", "lakehouse_assets.cli", "run", "--until-idle"],
+        [sys.executable, "-m", "lakehouse_assets.cli", *arguments],
         env={**os.environ, **extra_env},
         stdout=handle,
         stderr=subprocess.STDOUT,

@@ -1,0 +1,345 @@
+"""Nothing a producer sends stalls a stream, duplicates a row or loses one: every line becomes a row
+or a dead letter with a reason, and the pipeline goes on (issue: hostile input is normal input)."""
+
+import json
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lakehouse_assets.committer import commit_table
+from lakehouse_assets.config import load_config
+from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.landing import land_events, landing_dir
+from lakehouse_assets.micro_batching import mint_next_batch
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.runner import run_pipeline_until_idle, run_until_idle
+from lakehouse_assets.spark import lakehouse_session
+from lakehouse_assets.staging import stage_batch
+from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
+from lakehouse_assets_tests.test_pipeline import _duckdb_rows
+
+pytestmark = pytest.mark.spark
+
+SPARK_FAILURE = "Spark could not convert this event"
+
+
+def _dead_letters(config, paths, identifier="sales.orders_dead_letters"):
+    return _duckdb_rows(config, paths, identifier, "source_file, source_line, reason, event")
+
+
+def test_an_epoch_in_nanoseconds_does_not_stall_the_stream(config, paths, instance):
+    stream = config.stream("orders")
+    land_events(paths, stream, [order_event(i) for i in range(1, 101)] + [order_event(101, ts=1764064800000000000)])
+    first = run_until_idle(build_definitions(config), instance, log=lambda _: None)
+    land_events(paths, stream, [order_event(i) for i in range(102, 111)])
+    later = run_until_idle(build_definitions(config), instance, log=lambda _: None)
+
+    assert first.failed == [] and later.failed == []
+    rows = _duckdb_rows(config, paths, "sales.orders", "order_id, ts IS NULL")
+    # ts is optional: a value that is no instant Spark can hold is NULL, as any uncoercible value.
+    assert rows == [(i, i == 101) for i in range(1, 111)]
+
+
+def test_an_event_spark_fails_on_is_isolated_and_dead_lettered(tmp_path, monkeypatch, lakehouse_home, instance):
+    # A condition that fails the Spark job on some rows (what any conversion bug would do).
+    failing = "CASE WHEN amount = 13.0 THEN raise_error('amount 13 is cursed') ELSE true END"
+    stream = {**ORDERS_STREAM, "expectations": [{"name": "cursed", "condition": failing, "on_failure": "dead_letter"}]}
+    write_config(tmp_path, {"streams": [stream]}, monkeypatch)
+    config, paths = load_config(), LakehousePaths.from_env()
+    events = [order_event(i) for i in range(1, 51)] + [order_event(51, amount=13.0), order_event(52, amount=13.0)]
+    [landed] = land_events(paths, config.stream("orders"), events)
+
+    report = run_until_idle(build_definitions(config), instance, log=lambda _: None)
+
+    assert report.failed == []
+    assert [row[0] for row in _duckdb_rows(config, paths, "sales.orders", "order_id")] == list(range(1, 51))
+    dead = _dead_letters(config, paths)
+    assert [(file, line) for file, line, _, _ in dead] == [(landed.name, 51), (landed.name, 52)]
+    assert all(reason.startswith(SPARK_FAILURE) and "amount 13 is cursed" in reason for _, _, reason, _ in dead)
+
+
+def test_landing_file_names_are_names_not_patterns(config, paths, instance):
+    directory = landing_dir(paths, config.stream("orders"))
+    directory.mkdir(parents=True)
+    names = ["a1", "b1", "a?", "a[1]", "b{1,2}", "c*", "d e%20", "f:g", "h\\i", "ünï", "j'k\"", "tab\tname"]
+    expected, order_id = [], 0
+    for name in names:
+        lines = []
+        for _ in range(3):
+            order_id += 1
+            lines.append(order_event(order_id))
+            expected.append((f"{name}.ndjson", order_id))
+        (directory / f"{name}.ndjson").write_text("\n".join(lines) + "\n")
+
+    report = run_until_idle(build_definitions(config), instance, log=lambda _: None)
+
+    assert report.failed == []
+    assert [row[0] for row in _duckdb_rows(config, paths, "sales.orders", "order_id")] == list(range(1, order_id + 1))
+
+
+def test_a_routed_name_with_a_line_break_is_a_dead_letter_and_the_rest_is_routed(lakehouse_home, tmp_path, monkeypatch):
+    router = {"name": "app", "table_identifier": "${/db}.${/t}", "auto_create": True, "commit_interval": "0s"}
+    write_config(tmp_path, {"streams": [router]}, monkeypatch)
+    config, paths = load_config(), LakehousePaths.from_env()
+    hostile = ["orders\n", "orders\r", "a/b", "..", "", "x" * 200, "UPPER", "white space", "o\u2028"]
+    events = [{"db": "shop", "t": "orders", "n": n} for n in range(5)] + [{"db": "shop", "t": t} for t in hostile]
+    land_events(paths, config.stream("app"), [json.dumps(event) for event in events])
+
+    from lakehouse_assets.cli import dagster_instance
+
+    with dagster_instance(paths) as instance:
+        report = run_pipeline_until_idle(instance, log=lambda _: None)
+
+    assert report.failed == []
+    config = load_config()
+    assert sorted(stream.name for stream in config.streams) == ["app", "app__shop__orders", "app__shop__upper"]
+    assert _duckdb_rows(config, paths, "shop.orders", "n") == [(n,) for n in range(5)]
+    dead = _dead_letters(config, paths, "lakehouse.app_dead_letters")
+    assert sorted(json.loads(event)["t"] for *_, event in dead) == sorted(set(hostile) - {"UPPER"})
+    assert all("table_identifier ${/db}.${/t}" in reason for _, _, reason, _ in dead)
+
+
+# Hostile values for every declared type: JSON texts, numbers out of every range, epochs in
+# s/ms/us/ns, NaN and Infinity literals, wrong shapes, deep nesting and long strings.
+SPECIAL_VALUES = [
+    "0",
+    "-1",
+    "1.5",
+    "-0.0",
+    "1e308",
+    "-1e309",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "true",
+    "null",
+    '""',
+    "[]",
+    "{}",
+    "9223372036854775807",
+    "9223372036854775808",
+    "-9223372036854775809",
+    "123456789012345678901234567890",
+    "1764064800",
+    "1764064800000",
+    "1764064800000000",
+    "1764064800000000000",
+    "-62135596800001",
+    "2932897",
+    '"2026-11-26T10:00:00Z"',
+    '"2026-11-26"',
+    '"+99999-01-01T00:00:00Z"',
+    '"0001-01-01"',
+    '"not a date"',
+    '"\\u0000"',
+    '"\\n"',
+    '"AAAA"',
+    '"AAECAw=="',
+    '"00000000-0000-0000-0000-000000000000"',
+    '"00000000-0000-0000-0000-000000000000\\n"',
+    '{"a": 1, "a": "x"}',
+    '{"1": 1, "01": 2, "x": 3}',
+    "[" * 1200 + "]" * 1200,
+    '"' + "x" * 100_000 + '"',
+    '{"a": {"b": [1, {"c": null}]}}',
+]
+JSON_TEXT = st.recursive(
+    st.one_of(
+        st.none(), st.booleans(), st.integers(-(2**80), 2**80), st.floats(allow_nan=False), st.text(max_size=20)
+    ).map(json.dumps),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3).map(lambda items: "[" + ",".join(items) + "]"),
+        st.lists(st.tuples(st.sampled_from(["a", "b", "c", "1", "x y"]), children), max_size=3).map(
+            lambda members: "{" + ",".join(f"{json.dumps(k)}: {v}" for k, v in members) + "}"
+        ),
+    ),
+    max_leaves=8,
+)
+VALUE = st.one_of(st.sampled_from(SPECIAL_VALUES), JSON_TEXT)
+COLUMNS = {
+    "l": "long",
+    "i": "int",
+    "d": "double",
+    "f": "float",
+    "m": "decimal(9,2)",
+    "b": "boolean",
+    "s": "string",
+    "t": "timestamp",
+    "tz": "timestamptz",
+    "dt": "date",
+    "bin": "binary",
+    "u": "uuid",
+    "fx": "fixed[4]",
+    "st": "struct<a: long, b: timestamptz, c: list<date>>",
+    "ls": "list<long>",
+    "ms": "map<string, date>",
+    "ml": "map<long, string>",
+}
+HOSTILE_STREAM = {
+    "name": "hostile",
+    "table_identifier": "h.events",
+    "auto_create": True,
+    "schema": {
+        "columns": [{"name": "id", "type": "long", "required": True}]
+        + [{"name": name, "type": kind} for name, kind in COLUMNS.items()]
+    },
+    "commit_interval": "0s",
+}
+
+
+@st.composite
+def hostile_line(draw, event_id: int) -> bytes:
+    """One landing line: an event with an id and hostile values (keys repeated, some missing),
+    maybe wrapped in hostile bytes (BOM, CRLF, NUL, invalid UTF-8, not JSON at all)."""
+    members = [("id", str(event_id))] if draw(st.integers(0, 9)) else []
+    members += draw(st.lists(st.tuples(st.sampled_from(sorted(COLUMNS)), VALUE), max_size=6))
+    text = ("{" + ", ".join(f'"{name}": {value}' for name, value in members) + "}").encode()
+    wrapping = draw(st.sampled_from(["plain"] * 6 + ["bom", "crlf", "nul", "utf8", "truncated", "scalar"]))
+    return {
+        "plain": text,
+        "bom": "\ufeff".encode() + text,
+        "crlf": text + b"\r",
+        "nul": text[:-1] + b', "s": "\x00"}',
+        "utf8": text[:-1] + b', "s": "\xff\xfe\xc3("}',
+        "truncated": text[: len(text) // 2],
+        "scalar": b"42",
+    }[wrapping]
+
+
+@pytest.fixture(scope="module")
+def hostile_home(tmp_path_factory):
+    """One home for all examples: each example lands one more batch of the hostile stream."""
+    home = tmp_path_factory.mktemp("hostile")
+    (home / "lakehouse.yaml").write_text(json.dumps({"streams": [HOSTILE_STREAM]}))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("LAKEHOUSE_HOME", str(home / "lakehouse"))
+        monkeypatch.setenv("LAKEHOUSE_CONFIG", str(home / "lakehouse.yaml"))
+        config, paths = load_config(), LakehousePaths.from_env()
+        yield config, paths, lakehouse_session(config, paths), Counter()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), final_newline=st.booleans())
+def test_any_line_becomes_a_row_or_a_dead_letter_and_never_fails_the_job(hostile_home, data, final_newline):
+    config, paths, spark, totals = hostile_home
+    first_id = sum(totals.values()) + 1
+    lines = [data.draw(hostile_line(first_id + n)) for n in range(data.draw(st.integers(1, 12)))]
+    directory = landing_dir(paths, config.stream("hostile"))
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"{first_id:08d}.ndjson"
+    (directory / f".{name}").write_bytes(b"\n".join(lines) + (b"\n" if final_newline else b""))
+    (directory / f".{name}").rename(directory / name)
+
+    batch, _ = mint_next_batch(config, paths, config.stream("hostile"), drain=True)
+    staged = stage_batch(spark, config, paths, config.stream("hostile"), batch.sequence).staged
+    commit_table(spark, config, paths, "h.events", f"run-{batch.sequence}")
+
+    non_blank = sum(1 for line in lines if line.strip(b" \t\r"))
+    assert staged.rows + staged.rejected == non_blank
+    totals["rows"] += staged.rows
+    totals["rejected"] += staged.rejected
+    ids = [row[0] for row in _duckdb_rows(config, paths, "h.events", "id")]
+    assert len(ids) == len(set(ids)) == totals["rows"], "every accepted line is one row"
+    dead = _dead_letters(config, paths, "h.events_dead_letters") if totals["rejected"] else []
+    assert len(dead) == totals["rejected"], "every rejected line is one dead letter"
+    # Conversion is total on its own: the safety net that isolates Spark failures is never needed.
+    assert not [reason for _, _, reason, _ in dead if reason.startswith(SPARK_FAILURE)]
+
+
+def _debezium(op: str, key: int, name: str | None, lsn: int) -> str:
+    row = {"id": key, "name": name, "amount": None, "ts": None}
+    return json.dumps(
+        {
+            "before": row if op == "d" else None,
+            "after": None if op == "d" else row,
+            "op": op,
+            "source": {"connector": "postgresql", "lsn": lsn},
+        }
+    )
+
+
+def _stale_counts(config, paths):
+    from lakehouse_assets import summary_keys
+    from lakehouse_assets.table_metadata import load_committed_table
+
+    table = load_committed_table(config, paths, "crm.customers")
+    return [
+        int(snapshot.summary.additional_properties.get(summary_keys.STALE_CHANGES, "0"))
+        for snapshot in table.snapshots()
+        if summary_keys.STREAM in snapshot.summary.additional_properties
+    ]
+
+
+def _run_batches(config, paths, instance, batches):
+    defs = build_definitions(config)
+    for batch in batches:
+        land_events(paths, config.stream("customers"), batch)
+        assert run_until_idle(defs, instance, log=lambda _: None).failed == []
+
+
+def _change_checks_passed(instance) -> bool:
+    import dagster as dg
+
+    from lakehouse_assets.defs import names
+
+    key = names.table_key("crm.customers")
+    records = [
+        instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, name))
+        for name in names.CHECK_NAMES + names.CHANGE_CHECK_NAMES
+    ]
+    return all(record.status.value == "SUCCEEDED" for record in records)
+
+
+def test_a_late_change_never_overwrites_a_newer_one(lakehouse_home, tmp_path, monkeypatch, instance):
+    from lakehouse_assets_tests.test_changes import customers_stream
+
+    write_config(tmp_path, {"streams": [customers_stream("2", "debezium")]}, monkeypatch)
+    config, paths = load_config(), LakehousePaths.from_env()
+
+    _run_batches(
+        config,
+        paths,
+        instance,
+        [
+            [_debezium("c", 1, "first", 100), _debezium("u", 1, "newest", 300), _debezium("c", 2, "two", 110)],
+            # A connector restart redelivers key 1's change at lsn 200; key 2 moves on.
+            [_debezium("u", 1, "redelivered", 200), _debezium("u", 2, "two again", 310)],
+            [_debezium("d", 1, None, 250)],  # a stale delete: key 1 stays
+        ],
+    )
+
+    assert _duckdb_rows(config, paths, "crm.customers", "id, name, _lakehouse_source_position.lsn") == [
+        (1, "newest", 300),
+        (2, "two again", 310),
+    ]
+    assert _stale_counts(config, paths) == [0, 1, 1]
+    assert _change_checks_passed(instance)
+
+
+def test_a_version_column_orders_plain_change_events(lakehouse_home, tmp_path, monkeypatch, instance):
+    from lakehouse_assets_tests.test_changes import customers_stream
+
+    stream = customers_stream("2", "json")
+    stream["schema"]["columns"].append({"name": "version", "type": "long"})
+    write_config(tmp_path, {"streams": [{**stream, "version_column": "version"}]}, monkeypatch)
+    config, paths = load_config(), LakehousePaths.from_env()
+
+    def change(op, key, name, version):
+        return json.dumps({"op": op, "id": key, "name": name, "version": version})
+
+    _run_batches(
+        config,
+        paths,
+        instance,
+        [
+            # Within a batch the highest version wins, whatever the landing order.
+            [change("c", 1, "v5", 5), change("u", 1, "v4", 4), change("c", 2, "v1", 1)],
+            [change("u", 1, "v3", 3), change("d", 2, None, 0), change("u", 2, "v2", 2)],
+        ],
+    )
+
+    assert _duckdb_rows(config, paths, "crm.customers", "id, name, version") == [(1, "v5", 5), (2, "v2", 2)]
+    assert _stale_counts(config, paths) == [0, 1]
+    assert _change_checks_passed(instance)
