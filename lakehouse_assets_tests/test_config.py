@@ -2,7 +2,7 @@ import pytest
 
 from lakehouse_assets.config import load_config, parse_config, parse_duration
 from lakehouse_assets.errors import ConfigError
-from lakehouse_assets_tests.conftest import ORDERS_STREAM
+from lakehouse_assets_tests.conftest import ORDERS_STREAM, write_config
 
 
 def test_packaged_demo_config_is_used_without_a_file(monkeypatch, tmp_path):
@@ -195,3 +195,14 @@ def test_an_iceberg_source_with_a_key_applies_its_changes_by_that_key():
     stream = parse_config({"streams": [{**ORDERS_STREAM, "source": source}]}).streams[0]
     assert (stream.operation, stream.identifier_columns) == ("${/bulk_action}", ["order_id"])
     assert stream.applies_changes and stream.iceberg_source.polling_interval == 5.0
+
+
+def test_a_routes_directory_no_router_could_write_does_not_break_loading(lakehouse_home, tmp_path, monkeypatch):
+    router = {"name": "app", "table_identifier": "${/db}.${/t}", "auto_create": True}
+    write_config(tmp_path, {"streams": [router]}, monkeypatch)
+    for name in ("shop.orders", "shop.orders\n", "Shop.Upper", "a..b", "x.y__z", "only"):
+        (lakehouse_home / "routes" / "app" / name).mkdir(parents=True)
+
+    config = load_config()
+
+    assert sorted(stream.name for stream in config.streams) == ["app", "app__shop__orders"]
