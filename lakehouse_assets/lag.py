@@ -10,7 +10,7 @@ from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.micro_batching import pending_files
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.recovery import committed_landing_files, committed_state
+from lakehouse_assets.recovery import committed_state
 
 
 def oldest_pending_landed_at(paths: LakehousePaths, stream: StreamSpec, table: Table | None) -> float | None:
@@ -18,9 +18,7 @@ def oldest_pending_landed_at(paths: LakehousePaths, stream: StreamSpec, table: T
     ledger = StreamLedger(paths.staging(stream.name))
     committed = committed_state(table, stream.name).sequence
     landed = [record.minted.oldest_landed_at for record in ledger.batches() if record.sequence > committed]
-    landed += [
-        file.landed_at for file in pending_files(paths, stream, ledger, committed_landing_files(table, stream.name))
-    ]
+    landed += [file.landed_at for file in pending_files(paths, stream, ledger, table)]
     return min(landed, default=None)
 
 

@@ -14,8 +14,9 @@ file again.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
 from dataclasses import dataclass
+
+from pyiceberg.table import Table
 
 from lakehouse_assets.batch_ledger import MintedBatch, StreamLedger
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
@@ -76,11 +77,13 @@ def backpressure(ledger: StreamLedger, stream: StreamSpec, committed_sequence: i
 
 
 def pending_files(
-    paths: LakehousePaths, stream: StreamSpec, ledger: StreamLedger, committed: Collection[str] = ()
+    paths: LakehousePaths, stream: StreamSpec, ledger: StreamLedger, table: Table | None
 ) -> list[LandingFile]:
-    """Landed files that no minted batch holds yet and that are not among the ``committed`` files
-    the table's history names."""
-    claimed = ledger.claimed_files().union(committed)
+    """Landed files that no minted batch holds yet and that no commit of the stream in ``table``
+    names (main, and the audit branch of an audited stream)."""
+    claimed = ledger.claimed_files() | committed_landing_files(table, stream.name)
+    if stream.publish == "audit":
+        claimed |= committed_landing_files(table, stream.name, AUDIT_BRANCH)
     return [landed for landed in list_landing_files(landing_dir(paths, stream)) if landed.name not in claimed]
 
 
@@ -106,15 +109,11 @@ def mint_next_batch(
         table = load_committed_table(config, paths, progress)
         # Batches on an audit branch are not published: they still count against backpressure.
         committed = committed_state(table, stream.name).sequence
-        committed_files = committed_landing_files(table, stream.name)
-        on_any_branch = 0
-        if stream.publish == "audit":
-            on_any_branch = committed_state(table, stream.name, AUDIT_BRANCH).sequence
-            committed_files |= committed_landing_files(table, stream.name, AUDIT_BRANCH)
+        on_any_branch = committed_state(table, stream.name, AUDIT_BRANCH).sequence if stream.publish == "audit" else 0
         held_back = backpressure(ledger, stream, committed)
         if held_back:
             return None, held_back
-        decision = decide_flush(pending_files(paths, stream, ledger, committed_files), stream, now, drain)
+        decision = decide_flush(pending_files(paths, stream, ledger, table), stream, now, drain)
         if not decision.files:
             return None, decision.reason
         sequence = max(ledger.highest_sequence(), committed, on_any_branch) + 1

@@ -17,7 +17,7 @@ from lakehouse_assets.iceberg_source import load_source_table, read_cursor
 from lakehouse_assets.lag import stream_lag_seconds
 from lakehouse_assets.micro_batching import backpressure, pending_files
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.recovery import committed_landing_files, committed_state
+from lakehouse_assets.recovery import committed_state
 from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets.table_stats import table_stats
 
@@ -81,7 +81,7 @@ def lakehouse_status(
             ledger = StreamLedger(paths.staging(stream.name))
             state = committed_state(table, stream.name)
             open_batches = [r for r in ledger.batches() if r.sequence > state.sequence]
-            waiting = pending_files(paths, stream, ledger, committed_landing_files(table, stream.name))
+            waiting = pending_files(paths, stream, ledger, table)
             stream_entries.append(
                 {
                     "stream": stream.name,

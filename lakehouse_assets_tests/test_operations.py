@@ -14,6 +14,7 @@ from lakehouse_assets.landing import land_events, landing_dir, list_landing_file
 from lakehouse_assets.micro_batching import mint_next_batch, pending_files
 from lakehouse_assets.runner import run_job, run_until_idle
 from lakehouse_assets.status import lakehouse_status
+from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
 from lakehouse_assets_tests.test_sensors import _tick
 
@@ -38,7 +39,7 @@ def test_backpressure_stops_minting_keeps_landing_and_resumes_after_commits(oper
     assert reason.startswith("backpressure: ") and "max_uncommitted_bytes 1500" in reason
     tick = _tick(operated, instance, names.landing_sensor_name("orders"))
     assert [request.run_key for request in tick.run_requests] == ["orders:1", "orders:2"]
-    assert len(pending_files(paths, stream, ledger)) == 2
+    assert len(pending_files(paths, stream, ledger, load_committed_table(operated, paths, "sales.orders"))) == 2
     land_events(paths, stream, [order_event(99)])
     assert len(list_landing_files(landing_dir(paths, stream))) == 5
 
