@@ -1,4 +1,4 @@
-"""The ``lakehouse`` command: ingest, run, maintain, dlq replay, source reload, audit, status, demo."""
+"""The ``lakehouse`` command: ingest, run, maintain, check, dlq replay, source reload, audit, status, demo."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from lakehouse_assets.config import load_config
+from lakehouse_assets.config import LakehouseConfig, load_config
 from lakehouse_assets.defs import names
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.landing import land_events
@@ -66,15 +66,21 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def _selected_tables(config: LakehouseConfig, table: str | None) -> list[str]:
+    """``[table]``, or every configured table when it is None; ConfigError naming an unknown one."""
+    if table is None:
+        return list(config.tables())
+    if table not in config.tables():
+        raise ConfigError(f"unknown table {table!r}; configured tables: {', '.join(config.tables())}")
+    return [table]
+
+
 def _maintain(args: argparse.Namespace) -> int:
     from lakehouse_assets.definitions import build_definitions
     from lakehouse_assets.runner import run_job
 
     paths, config = LakehousePaths.from_env(), load_config()
-    tables = [args.table] if args.table else list(config.tables())
-    unknown = [table for table in tables if table not in config.tables()]
-    if unknown:
-        raise ConfigError(f"unknown table {unknown[0]!r}; configured tables: {', '.join(config.tables())}")
+    tables = _selected_tables(config, args.table)
     repository = build_definitions(config).get_repository_def()
     failed = 0
     with dagster_instance(paths) as instance:
@@ -87,6 +93,40 @@ def _maintain(args: argparse.Namespace) -> int:
                 failed += 1
                 print(f"{table}: maintenance run {result.run_id} FAILED; see `dagster dev` for its logs")
     return 1 if failed else 0
+
+
+def _print_check_results(table: str, check_names: list[str], result: dg.ExecuteInProcessResult) -> int:
+    """One line per check of the run: passed, FAILED with what it found, or ERROR (no verdict);
+    returns how many did not pass."""
+    evaluations = {evaluation.check_name: evaluation for evaluation in result.get_asset_check_evaluations()}
+    for name in check_names:
+        evaluation = evaluations.get(name)
+        if evaluation is None:
+            print(f"{table} {name}: ERROR: no verdict; run {result.run_id} failed (see `dagster dev` for its logs)")
+        else:
+            print(f"{table} {name}: {'passed' if evaluation.passed else 'FAILED'}: {evaluation.description}")
+    return sum(1 for name in check_names if name not in evaluations or not evaluations[name].passed)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from lakehouse_assets.checks import current_snapshot
+    from lakehouse_assets.definitions import build_definitions
+    from lakehouse_assets.defs.checks import blocking_check_names
+    from lakehouse_assets.runner import run_job
+
+    paths, config = LakehousePaths.from_env(), load_config()
+    tables = _selected_tables(config, args.table)
+    definitions = build_definitions(config)
+    not_passed = 0
+    with dagster_instance(paths) as instance:
+        for table in tables:
+            if current_snapshot(config, paths, table) is None:
+                print(f"{table}: no snapshot yet; nothing to check")
+                continue
+            result = run_job(definitions.resolve_job_def(names.check_job_name(table)), instance)
+            not_passed += _print_check_results(table, blocking_check_names(config.tables()[table]), result)
+    print(f"{not_passed} blocking checks did not pass" if not_passed else "every blocking check passed")
+    return 1 if not_passed else 0
 
 
 def _dlq_replay(args: argparse.Namespace) -> int:
@@ -241,6 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     maintain = commands.add_parser("maintain", help="run table maintenance now (all tables, or one)")
     maintain.add_argument("--table", help="namespace.table; default: every configured table")
     maintain.set_defaults(handler=_maintain)
+    check = commands.add_parser(
+        "check", help="run the blocking checks on the current snapshot (all tables, or one); exit 1 if one fails"
+    )
+    check.add_argument("--table", help="namespace.table; default: every configured table")
+    check.set_defaults(handler=_check)
     dlq = commands.add_parser("dlq", help="dead letters").add_subparsers(dest="dlq_command", required=True)
     replay = dlq.add_parser("replay", help="send a table's dead letters through their stream again, after a fix")
     replay.add_argument("--table", required=True, help="namespace.table whose dead letters to replay")

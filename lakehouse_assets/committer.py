@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from functools import partial, reduce
 
 from pyiceberg.table import Table
@@ -51,6 +52,14 @@ from lakehouse_assets.faults import crash_point
 from lakehouse_assets.iceberg_source import source_snapshot_of
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
+from lakehouse_assets.pass_branches import (
+    abandoned_pass_branches,
+    drop_pass_branch,
+    open_pass_branch,
+    pass_branch_name,
+    publish_pass_branch,
+    uses_pass_branches,
+)
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import (
     AUDIT_BRANCH,
@@ -181,7 +190,10 @@ class CommitterPass:
     epoch: int
     expected_snapshot_id: int | None
     branch: str = MAIN_BRANCH
-    """The branch commits go to: main, or the audit branch of a table published with ``publish: audit``."""
+    """The branch commits go to: main, the audit branch of a table published with ``publish:
+    audit``, or this pass's own branch on a catalog that fences across hosts (``pass_branches``)."""
+    target: str = MAIN_BRANCH
+    """The branch this pass publishes to: main, or the audit branch."""
 
     @classmethod
     def begin(
@@ -206,6 +218,7 @@ class CommitterPass:
             epoch=max((commit.epoch for commit in lakehouse_commits(table, branch)), default=0) + 1,
             expected_snapshot_id=head.snapshot_id if head else None,
             branch=branch,
+            target=branch,
         )
 
     def table(self) -> Table | None:
@@ -261,7 +274,8 @@ def commit_dead_letters(ctx: CommitterPass, stream: StreamSpec, batches: list[Ba
     if count == 0 and not any(replays.values()):
         return 0
     ensure_dead_letter_table(ctx.spark, identifier)
-    already = committed_state(load_committed_table(ctx.config, ctx.paths, identifier), stream.name).sequence
+    table = load_committed_table(ctx.config, ctx.paths, identifier)
+    already = committed_state(table, stream.name).sequence
     pending = [r for r in batches if r.sequence > already and (r.staged.rejected or replays[r.sequence])]
     if not pending:
         return count
@@ -270,13 +284,52 @@ def commit_dead_letters(ctx: CommitterPass, stream: StreamSpec, batches: list[Ba
     properties = _summary_properties(stream, pending, rows, rows, ctx.epoch, ctx.run_id)
     new_rows = dead_letter_rows(ctx.spark, stream.name, rejected) if rejected else None
     replayed = [key for record in pending for key in replays[record.sequence]]
-    if replayed:
-        properties[summary_keys.NET_ROWS] = str(rows - len(replayed))
-        view = f"lakehouse_dead_letters_{stream.name}_{pending[0].sequence}"
-        replace_dead_letters(ctx.spark, identifier, new_rows, replayed, properties, view)
-    else:
-        append_rows(new_rows, identifier, properties)
+    head = branch_head(table, MAIN_BRANCH)
+    with _written_on_pass_branch(ctx, identifier, head.snapshot_id if head else None, MAIN_BRANCH) as branch:
+        if replayed:
+            properties[summary_keys.NET_ROWS] = str(rows - len(replayed))
+            view = f"lakehouse_dead_letters_{stream.name}_{pending[0].sequence}"
+            replace_dead_letters(ctx.spark, identifier, new_rows, replayed, properties, view, branch)
+        else:
+            append_rows(new_rows, identifier, properties, branch)
     return count
+
+
+def _has_ready_batches(ctx: CommitterPass, streams: list[StreamSpec]) -> bool:
+    """Whether any stream has a staged batch above what the target's ancestry holds (or a gap,
+    which its stream's commit reports)."""
+    table = ctx.table()
+    for stream in streams:
+        committed = committed_state(table, stream.name, ctx.target).sequence
+        try:
+            if plan_commit(StreamLedger(ctx.paths.staging(stream.name)), stream.name, committed).ready:
+                return True
+        except SequenceGapError:
+            return True
+    return False
+
+
+@contextmanager
+def _written_on_target(ctx: CommitterPass, identifier: str, head: int | None, target: str) -> Iterator[str]:
+    """``target`` itself, for a pass that writes nothing to the table (bookkeeping only)."""
+    yield target
+
+
+@contextmanager
+def _written_on_pass_branch(ctx: CommitterPass, identifier: str, head: int | None, target: str) -> Iterator[str]:
+    """The branch to write to: ``target`` itself, or, on a catalog that fences across hosts, a pass
+    branch created at ``head`` and published to ``target`` when the block succeeds (``pass_branches``)."""
+    if not uses_pass_branches(ctx.config):
+        yield target
+        return
+    name = pass_branch_name(ctx.epoch, ctx.run_id)
+    open_pass_branch(ctx.spark, identifier, name, head)
+    try:
+        yield name
+        crash_point(faults.COMMITTER_BEFORE_PUBLISH)
+        publish_pass_branch(ctx.spark, identifier, name, target)
+    finally:
+        drop_pass_branch(ctx.spark, identifier, name)
 
 
 def _is_commit_conflict(error: Exception) -> bool:
@@ -349,7 +402,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
     identifier = stream.table_identifier
     started = time.monotonic()
     batches = [_ensure_staged_data(ctx, stream, record) for record in batches]
-    if ctx.branch == MAIN_BRANCH:
+    if ctx.target == MAIN_BRANCH:
         dead_letters = commit_dead_letters(ctx, stream, batches)
         crash_point(faults.COMMITTER_AFTER_DEAD_LETTERS)
     else:
@@ -513,11 +566,27 @@ def commit_table(
         for stream in streams:
             published = committed_state(main, stream.name).sequence
             _remove_published_attempts(StreamLedger(paths.staging(stream.name)), published)
+        for name in abandoned_pass_branches(main):
+            drop_pass_branch(spark, table_identifier, name)
         try:
             ctx.check_fence()
             audit = _prepare_audit_branch(ctx)
-            for stream in streams:
-                _commit_stream(ctx, stream, plans, results, publish_waits=bool(audit and audit.awaiting_publish))
+            publish_waits = bool(audit and audit.awaiting_publish)
+            fenced_by_catalog = uses_pass_branches(config) and not publish_waits and _has_ready_batches(ctx, streams)
+            through = _written_on_pass_branch if fenced_by_catalog else _written_on_target
+            with through(ctx, table_identifier, ctx.expected_snapshot_id, ctx.target) as branch:
+                if branch != ctx.target:
+                    # A pass branch of a table with no snapshot yet starts at a new empty one.
+                    ctx.branch = branch
+                    ctx.expected_snapshot_id = branch_head(ctx.table(), branch).snapshot_id
+                for stream in streams:
+                    _commit_stream(ctx, stream, plans, results, publish_waits)
         except FencedError as fenced:
-            return CommitPass(plans, results, fenced=str(fenced))
+            # On a pass branch nothing was published; on the target itself, what landed before the fence was.
+            return CommitPass(plans, [] if ctx.branch != ctx.target else results, fenced=str(fenced))
+        finally:
+            ctx.branch = ctx.target
+        if uses_pass_branches(config):
+            location = current_metadata_location(config, paths, table_identifier)
+            results = [replace(result, metadata_location=location) for result in results]
     return CommitPass(plans, results, awaiting_publish=audit if audit and audit.awaiting_publish else None)

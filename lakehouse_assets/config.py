@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from lakehouse_assets.catalogs import HADOOP, catalog_type
 from lakehouse_assets.errors import ConfigError
 from lakehouse_assets.iceberg_types import IcebergType, parse_type, type_name
 from lakehouse_assets.paths import LakehousePaths
@@ -218,7 +219,7 @@ class IcebergSourceSpec(_Strict):
     @classmethod
     def _catalog_as_strings(cls, value: Any) -> Any:
         if isinstance(value, dict):
-            if value.get("type", "hadoop") == "hadoop" and "warehouse" not in value:
+            if catalog_type(value) == HADOOP and "warehouse" not in value:
                 raise ValueError("a hadoop catalog needs its warehouse: catalog: {type: hadoop, warehouse: ...}")
             return {str(key): str(item) for key, item in value.items()}
         return value
@@ -526,7 +527,7 @@ class LakehouseConfig(_Strict):
         if not self.streams:
             raise ValueError("streams: declare at least one stream")
         placed = [stream.name for stream in self.streams if stream.table_location]
-        if placed and self.catalog.get("type", "hadoop") == "hadoop":
+        if placed and catalog_type(self.catalog) == HADOOP:
             raise ValueError(
                 f"streams {', '.join(placed)}: table_location: the hadoop catalog keeps each table at "
                 "<warehouse>/<namespace>/<table>; use another catalog type to place tables elsewhere"

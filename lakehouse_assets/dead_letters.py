@@ -74,9 +74,11 @@ def replace_dead_letters(
     replayed: list[DeadLetterKey],
     properties: dict[str, str],
     view_name: str,
+    branch: str | None = None,
 ) -> None:
-    """In one commit, delete the replayed dead-letter rows and add ``new_rows`` (events that failed
-    again, with their new reason), carrying ``properties`` in the snapshot summary."""
+    """In one commit (to the table or its ``branch``), delete the replayed dead-letter rows and add
+    ``new_rows`` (events that failed again, with their new reason), carrying ``properties`` in the
+    snapshot summary."""
     keys = spark.createDataFrame(
         [(None, None, key.stream, key.batch_sequence, key.source_file, key.source_line, None) for key in replayed],
         "event string, reason string, stream string, batch_sequence bigint, source_file string, "
@@ -89,7 +91,7 @@ def replace_dead_letters(
         f"t.{column} = s.{column}" for column in ("stream", "batch_sequence", "source_file", "source_line")
     )
     statement = (
-        f"MERGE INTO {qualified_name(identifier)} t USING {view_name} s ON s._action = 'delete' AND {match} "
+        f"MERGE INTO {qualified_name(identifier, branch)} t USING {view_name} s ON s._action = 'delete' AND {match} "
         "WHEN MATCHED THEN DELETE "
         f"WHEN NOT MATCHED AND s._action = 'insert' THEN INSERT ({', '.join(DEAD_LETTER_COLUMNS)}) "
         f"VALUES ({', '.join('s.' + column for column in DEAD_LETTER_COLUMNS)})"

@@ -7,7 +7,7 @@ import dagster as dg
 from lakehouse_assets.config import LakehouseConfig, StreamSpec, load_config
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import complete_days_asset, router_asset, staged_batches_asset, table_asset
-from lakehouse_assets.defs.checks import table_checks
+from lakehouse_assets.defs.checks import check_job, table_checks
 from lakehouse_assets.defs.freshness import freshness_job, freshness_schedules
 from lakehouse_assets.defs.iceberg_source import source_assets, source_job, source_sensor
 from lakehouse_assets.defs.maintenance import maintenance_job, maintenance_schedules
@@ -22,8 +22,8 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
     """Per stream a writer asset, job (stage, then commit) and landing sensor (and for an Iceberg
     source its change export, search export, job and polling sensor); per table a committer asset,
     checks, commit job (for what writer runs left) and sensor (under ``publish: audit`` also the
-    published asset, publish and discard jobs), and maintenance and freshness jobs with their
-    schedules."""
+    published asset, publish and discard jobs), maintenance and freshness jobs with their schedules,
+    and a job that runs its blocking checks alone."""
     assets: list[dg.AssetsDefinition | dg.AssetSpec] = []
     asset_checks: list[dg.AssetChecksDefinition] = []
     jobs = []
@@ -57,6 +57,7 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
         sensors.append(staged_batches_sensor(table_identifier, streams))
         jobs.append(maintenance_job(table_identifier))
         jobs.append(freshness_job(table_identifier))
+        jobs.append(check_job(table_identifier, streams))
     return dg.Definitions(
         assets=assets,
         asset_checks=asset_checks,

@@ -28,6 +28,8 @@ COMMITTER_BEFORE_COMMIT = "committer.before_commit"
 COMMITTER_AFTER_DEAD_LETTERS = "committer.after_dead_letters_before_table"
 COMMITTER_AFTER_WRITE = "committer.after_write"
 COMMITTER_AFTER_COMMIT = "committer.after_commit_before_bookkeeping"
+# On a catalog that fences across hosts: the pass's commits are on its own branch, not yet published.
+COMMITTER_BEFORE_PUBLISH = "committer.before_publish"
 COMMITTER_DURING_CLEANUP = "committer.during_cleanup"
 MAINTENANCE_AFTER_CHECKPOINT = "maintenance.after_checkpoint_before_expiry"
 COMMITTER_AFTER_SCHEMA_CHANGE = "committer.after_schema_change_before_commit"

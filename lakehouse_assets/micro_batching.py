@@ -113,10 +113,14 @@ def mint_next_batch(
         held_back = backpressure(ledger, stream, committed)
         if held_back:
             return None, held_back
+        # The highest sequence is read before the claimed files: a host sharing the staging ledger
+        # (whose lock is not this one) that mints in between makes this mint's sequence taken
+        # (BatchConflictError), never leaves its files unclaimed under a new sequence.
+        highest = ledger.highest_sequence()
         decision = decide_flush(pending_files(paths, stream, ledger, table), stream, now, drain)
         if not decision.files:
             return None, decision.reason
-        sequence = max(ledger.highest_sequence(), committed, on_any_branch) + 1
+        sequence = max(highest, committed, on_any_branch) + 1
         batch = MintedBatch(
             stream=stream.name,
             sequence=sequence,

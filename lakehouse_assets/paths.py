@@ -7,41 +7,47 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HOME_ENV = "LAKEHOUSE_HOME"
+STORAGE_ROOT_ENV = "LAKEHOUSE_STORAGE_ROOT"
 DEFAULT_HOME = ".lakehouse"
 
 
 @dataclass(frozen=True)
 class LakehousePaths:
-    """The directory layout of one lakehouse home.
+    """The directory layout of one lakehouse home and the storage it shares.
 
-    ``state/`` holds only what may be lost (locks, caches); the table and the staging ledger are
-    the records that matter.
+    The storage root holds what every host and Spark executor must see (warehouse, landing zone,
+    staging ledger, routed files): ``LAKEHOUSE_STORAGE_ROOT``, a directory mounted at the same path
+    everywhere, or the home itself on one machine. The home holds what is local to one host:
+    ``state/`` (only what may be lost: locks, caches) and Dagster's instance.
     """
 
     home: Path
+    storage: Path
 
     @classmethod
     def from_env(cls) -> LakehousePaths:
-        return cls(Path(os.environ.get(HOME_ENV, DEFAULT_HOME)).resolve())
+        home = Path(os.environ.get(HOME_ENV, DEFAULT_HOME)).resolve()
+        storage = os.environ.get(STORAGE_ROOT_ENV)
+        return cls(home, Path(storage).resolve() if storage else home)
 
     @property
     def warehouse(self) -> Path:
-        return self.home / "warehouse"
+        return self.storage / "warehouse"
 
     def landing(self, stream: str) -> Path:
-        return self.home / "landing" / stream
+        return self.storage / "landing" / stream
 
     def staging(self, stream: str) -> Path:
-        return self.home / "staging" / stream
+        return self.storage / "staging" / stream
 
     @property
     def routes(self) -> Path:
         """Events routed by dynamic ``table_identifier`` streams: ``routes/<stream>/<table>/``."""
-        return self.home / "routes"
+        return self.storage / "routes"
 
     def exports(self, stream: str) -> Path:
         """Search-index bulk files of an Iceberg source stream."""
-        return self.home / "exports" / stream
+        return self.storage / "exports" / stream
 
     @property
     def state(self) -> Path:

@@ -11,6 +11,7 @@ from importlib import resources
 
 from pyspark.sql import SparkSession
 
+from lakehouse_assets.catalogs import HADOOP, spark_catalog_properties
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.java_runtime import ensure_java_home
 from lakehouse_assets.paths import LakehousePaths
@@ -56,7 +57,8 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
     }
     conf.update(config.spark)
     if "spark.jars.packages" not in config.spark:
-        conf.setdefault("spark.jars", iceberg_runtime_jar())
+        # The Iceberg runtime first, then the jars the config adds (a JDBC catalog's driver, say).
+        conf["spark.jars"] = ",".join(filter(None, [iceberg_runtime_jar(), config.spark.get("spark.jars")]))
     if MASTER_ENV in os.environ:
         conf["spark.master"] = os.environ[MASTER_ENV]
     return conf
@@ -78,11 +80,12 @@ def _one_catalog_conf(name: str, config: LakehouseConfig, paths: LakehousePaths)
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         f"{prefix}.cache-enabled": "false",
     }
-    for key, value in config.catalog.items():
+    for key, value in spark_catalog_properties(config.catalog).items():
         conf[f"{prefix}.{key}"] = value
     if is_hadoop_catalog(config):
-        conf[f"{prefix}.type"] = "hadoop"
-    conf[f"{prefix}.warehouse"] = warehouse_location(config, paths)
+        conf[f"{prefix}.type"] = HADOOP
+    if warehouse := warehouse_location(config, paths):
+        conf[f"{prefix}.warehouse"] = warehouse
     return conf
 
 

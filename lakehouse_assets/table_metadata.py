@@ -8,12 +8,14 @@ every other catalog is asked through PyIceberg's own catalog client.
 from __future__ import annotations
 
 import re
+from functools import cache
 from pathlib import Path
 
-from pyiceberg.catalog import load_catalog
+from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import StaticTable, Table
 
+from lakehouse_assets.catalogs import HADOOP, WAREHOUSE_TYPES, catalog_type, pyiceberg_catalog_properties
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.paths import LakehousePaths
 
@@ -23,16 +25,33 @@ _METADATA_VERSION = re.compile(r"v([0-9]+)\.metadata\.json")
 
 
 def is_hadoop_catalog(config: LakehouseConfig) -> bool:
-    return config.catalog.get("type", "hadoop") == "hadoop"
+    return catalog_type(config.catalog) == HADOOP
 
 
-def warehouse_location(config: LakehouseConfig, paths: LakehousePaths) -> str:
-    """The catalog's warehouse: the configured one, else ``$LAKEHOUSE_HOME/warehouse``."""
-    return config.catalog.get("warehouse") or str(paths.warehouse)
+def warehouse_location(config: LakehouseConfig, paths: LakehousePaths) -> str | None:
+    """The catalog's warehouse: the configured one, else ``$LAKEHOUSE_HOME/warehouse`` for the
+    catalogs that need one from us (hadoop, jdbc), else None (a REST or Glue catalog knows its own)."""
+    if "warehouse" in config.catalog:
+        return config.catalog["warehouse"]
+    return str(paths.warehouse) if catalog_type(config.catalog) in WAREHOUSE_TYPES else None
+
+
+@cache
+def _catalog_client(properties: tuple[tuple[str, str], ...]) -> Catalog:
+    """One PyIceberg client per catalog and process (an SQL catalog holds a connection pool)."""
+    return load_catalog(CATALOG_NAME, **dict(properties))
+
+
+def catalog_client(config: LakehouseConfig, paths: LakehousePaths) -> Catalog:
+    """PyIceberg's client of catalog ``lake`` (not for the hadoop catalog, which has none)."""
+    properties = pyiceberg_catalog_properties(config.catalog)
+    if warehouse := warehouse_location(config, paths):
+        properties["warehouse"] = warehouse
+    return _catalog_client(tuple(sorted(properties.items())))
 
 
 def _hadoop_table_dir(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> Path:
-    warehouse = warehouse_location(config, paths).removeprefix("file://")
+    warehouse = str(warehouse_location(config, paths)).removeprefix("file://")
     return Path(warehouse, *identifier.split("."))
 
 
@@ -72,9 +91,8 @@ def current_metadata_location(config: LakehouseConfig, paths: LakehousePaths, id
         while (metadata_dir / f"v{version + 1}.metadata.json").exists():
             version += 1
         return str(metadata_dir / f"v{version}.metadata.json")
-    properties = {key: value for key, value in config.catalog.items()}
     try:
-        return load_catalog(CATALOG_NAME, **properties).load_table(identifier).metadata_location
+        return catalog_client(config, paths).load_table(identifier).metadata_location
     except NoSuchTableError:
         return None
 

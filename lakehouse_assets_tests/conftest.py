@@ -12,6 +12,7 @@ import yaml
 
 from lakehouse_assets.config import LakehouseConfig, load_config
 from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets_tests.postgres_server import PostgresServer, postgres_server
 
 ORDERS_STREAM = {
     "name": "orders",
@@ -75,3 +76,10 @@ def paths(lakehouse_home: Path) -> LakehousePaths:
 def instance(lakehouse_home: Path) -> Iterator[dg.DagsterInstance]:
     with dg.DagsterInstance.get() as dagster_instance:
         yield dagster_instance
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL server for the tests that need a real catalog database."""
+    with postgres_server() as server:
+        yield server

@@ -46,6 +46,7 @@ def test_asset_check_job_and_sensor_names_are_pinned(config):
         "sales_orders_commit_job",
         "sales_orders_maintenance_job",
         "sales_orders_freshness_job",
+        "sales_orders_check_job",
     }
     assert {schedule.name for schedule in repository.schedule_defs} == {
         "sales_orders_maintenance_schedule",

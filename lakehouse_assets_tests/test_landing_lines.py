@@ -28,7 +28,7 @@ def small_splits(tmp_path_factory):
 
     home = tmp_path_factory.mktemp("lines")
     config = parse_config({"streams": [{"name": "s", "table_identifier": "a.b"}]})
-    spark = lakehouse_session(config, LakehousePaths(home))
+    spark = lakehouse_session(config, LakehousePaths(home, home))
     spark.conf.set("spark.sql.files.maxPartitionBytes", "256")
     spark.conf.set("spark.sql.files.openCostInBytes", "1")
     return spark, home

@@ -84,7 +84,7 @@ ENCODED = {
 def test_conversion_coerces_every_encoding_the_rfc_accepts(tmp_path_factory, samples):
     home = tmp_path_factory.mktemp("conversion")
     config = parse_config({"streams": [{"name": "s", "table_identifier": "db.s"}]})
-    spark = lakehouse_session(config, LakehousePaths(home))
+    spark = lakehouse_session(config, LakehousePaths(home, home))
     kinds = {"long": T.LongType(), "double": T.DoubleType(), "boolean": T.BooleanType(), "date": T.DateType()}
     kinds |= {"timestamptz": T.TimestampType(), "binary": T.BinaryType(), "string": T.StringType()}
     schema = T.StructType([T.StructField(kind, data_type) for kind, data_type in kinds.items()])

@@ -1,5 +1,6 @@
-"""DuckDB checks on the exact snapshot the last materialization of a table committed, and the
-freshness check on each stream's backlog."""
+"""DuckDB checks on the exact snapshot the last materialization of a table committed (or, in a
+check job, on its current snapshot), the freshness check on each stream's backlog, and per table
+the job that runs the blocking checks alone (``lakehouse check``)."""
 
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,19 @@ def committed_snapshot(context: dg.AssetCheckExecutionContext, asset_key: dg.Ass
     )
 
 
+def checked_snapshot(
+    context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource, table_identifier: str
+) -> checks.CommittedSnapshot:
+    """The snapshot a table check reads: the table's current one in a check job, else the one the
+    latest materialization recorded."""
+    if not lakehouse.check_current_snapshot:
+        return committed_snapshot(context, names.table_key(table_identifier))
+    snapshot = checks.current_snapshot(lakehouse.config(), lakehouse.paths(), table_identifier)
+    if snapshot is None:
+        raise dg.Failure(f"{table_identifier} has no committed snapshot to check yet")
+    return snapshot
+
+
 def _result(outcome: checks.CheckOutcome, snapshot: checks.CommittedSnapshot) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         passed=outcome.passed,
@@ -44,16 +58,16 @@ def _result(outcome: checks.CheckOutcome, snapshot: checks.CommittedSnapshot) ->
 
 
 def _snapshot_check(
-    asset_key: dg.AssetKey,
+    table_identifier: str,
     name: str,
     description: str,
     verify: Callable[[checks.CommittedSnapshot], checks.CheckOutcome],
 ) -> dg.AssetChecksDefinition:
-    """A blocking check that runs ``verify`` on the snapshot the last materialization committed."""
+    """A blocking check that runs ``verify`` on the checked snapshot of the table."""
 
-    @dg.asset_check(asset=asset_key, name=name, blocking=True, description=description)
-    def _check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        snapshot = committed_snapshot(context, asset_key)
+    @dg.asset_check(asset=names.table_key(table_identifier), name=name, blocking=True, description=description)
+    def _check(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
+        snapshot = checked_snapshot(context, lakehouse, table_identifier)
         return _result(verify(snapshot), snapshot)
 
     return _check
@@ -77,8 +91,7 @@ def blocking_check_names(streams: list[StreamSpec]) -> list[str]:
 
 
 def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.AssetChecksDefinition]:
-    """The commit checks of one table, each reading the committed snapshot with DuckDB."""
-    asset_key = names.table_key(table_identifier)
+    """The commit checks of one table, each reading the checked snapshot with DuckDB."""
     declared = streams[0].table_schema.columns
     expectations = blocking_expectations(streams)
     evolves = any(stream.schema_evolution for stream in streams)
@@ -112,7 +125,7 @@ def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.As
                 lambda snapshot: checks.check_expectations(iceberg_connection(), snapshot, expectations),
             )
         )
-    table_level = [_snapshot_check(asset_key, *entry) for entry in registry]
+    table_level = [_snapshot_check(table_identifier, *entry) for entry in registry]
     table_level.extend([freshness_check(table_identifier, streams), dead_letters_check(table_identifier)])
     change_streams = [stream for stream in streams if stream.applies_changes]
     return table_level + (change_checks(table_identifier, change_streams) if change_streams else [])
@@ -233,7 +246,7 @@ def change_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.A
     def identifier_keys_unique(
         context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource
     ) -> dg.AssetCheckResult:
-        snapshot = committed_snapshot(context, asset_key)
+        snapshot = checked_snapshot(context, lakehouse, table_identifier)
         keys = identifier_columns(lakehouse.config(), lakehouse.paths(), streams[0])
         return _result(checks.check_keys_unique(iceberg_connection(), snapshot, keys), snapshot)
 
@@ -244,7 +257,7 @@ def change_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.A
         description="On each batch's snapshot, its net deletes are absent and its upserts hold the batch's values.",
     )
     def changes_applied(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
-        snapshot = committed_snapshot(context, asset_key)
+        snapshot = checked_snapshot(context, lakehouse, table_identifier)
         config, paths = lakehouse.config(), lakehouse.paths()
         outcomes = []
         # The table lock keeps a concurrent committer pass from removing the staged Parquet being read.
@@ -267,3 +280,19 @@ def change_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.A
         return _result(merged, snapshot)
 
     return [identifier_keys_unique, changes_applied]
+
+
+def check_job(table_identifier: str, streams: list[StreamSpec]):
+    """A job that runs only the table's blocking checks, on its current snapshot, whoever committed
+    it: what ``lakehouse check`` runs (no Spark, no commit)."""
+    asset_key = names.table_key(table_identifier)
+    return dg.define_asset_job(
+        names.check_job_name(table_identifier),
+        selection=dg.AssetSelection.checks(
+            *(dg.AssetCheckKey(asset_key, name) for name in blocking_check_names(streams))
+        ),
+        # The job's default run config, which the run config a launch gives is merged into.
+        config={"resources": {"lakehouse": {"config": {"check_current_snapshot": True}}}},
+        tags={names.TABLE_TAG: table_identifier, names.RUN_KIND_TAG: "check"},
+        description=f"Run the blocking checks of {table_identifier} on its current snapshot.",
+    )

@@ -10,7 +10,7 @@ STREAM_TAG = "lakehouse/stream"
 SEQUENCE_TAG = "lakehouse/sequence"
 TABLE_TAG = "lakehouse/table"
 RUN_KIND_TAG = "lakehouse/run-kind"
-"""What a run does: ``writer``, ``committer``, ``maintenance``, ``freshness`` or ``source``;
+"""What a run does: ``writer``, ``committer``, ``maintenance``, ``freshness``, ``source`` or ``check``;
 ``dagster.yaml`` limits runs by it."""
 PRIORITY_TAG = "dagster/priority"
 """Dagster's run-queue priority: higher is dequeued first."""
@@ -126,6 +126,10 @@ def maintenance_schedule_name(table_identifier: str) -> str:
 
 def freshness_job_name(table_identifier: str) -> str:
     return f"{table_identifier.replace('.', '_')}_freshness_job"
+
+
+def check_job_name(table_identifier: str) -> str:
+    return f"{table_identifier.replace('.', '_')}_check_job"
 
 
 def freshness_schedule_name(table_identifier: str) -> str:

@@ -23,6 +23,11 @@ class LakehouseResource(dg.ConfigurableResource):
     ``commit_interval``, do not wait for runs that other processes left in progress, and leave new
     routed tables to the definitions it rebuilds."""
 
+    check_current_snapshot: bool = False
+    """Set by the check jobs (``lakehouse check``): the table checks read the table's current
+    snapshot (under ``publish: audit`` the audit branch's while it holds unpublished commits)
+    instead of the one its last materialization recorded."""
+
     def paths(self) -> LakehousePaths:
         return LakehousePaths.from_env()
 

@@ -1,0 +1,139 @@
+"""One catalog configuration, two clients: Iceberg's Spark catalog and PyIceberg's.
+
+The config's ``catalog`` map uses Iceberg's own property names, as Spark's
+``spark.sql.catalog.<name>.*`` settings do (``type``, ``uri``, ``warehouse``, ``jdbc.user``,
+``catalog-impl``, ``io-impl``, ``s3.*``...). This module is the one mapping from it to each client:
+
+- ``type: jdbc`` is PyIceberg's ``sql`` catalog: the JDBC URI becomes the matching SQLAlchemy URL
+  with the ``jdbc.user``/``jdbc.password`` credentials, and both clients share Iceberg's
+  ``iceberg_tables`` schema in the same database;
+- ``rest``, ``hive`` and ``glue`` mean the same to both and pass through; so do ``catalog-impl``
+  classes PyIceberg has a client for;
+- ``hadoop`` (the embedded default) has no PyIceberg client: ``table_metadata`` reads its layout.
+
+A value written ``${env:NAME}`` is read from the environment when a client is built, so secrets
+stay out of the config file; :func:`redacted` is what may be shown of a catalog.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+
+from lakehouse_assets.errors import ConfigError
+
+HADOOP = "hadoop"
+_ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+_SECRET_KEY = re.compile(r"password|secret|token|credential|key-id|access-key", re.IGNORECASE)
+
+# The SQLAlchemy dialect (and driver PyIceberg's ``sql-postgres`` extra installs) per JDBC subprotocol.
+_SQLALCHEMY_DIALECTS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+pymysql"}
+
+# Iceberg's catalog classes PyIceberg has a client for, by the PyIceberg type.
+_CATALOG_IMPL_TYPES = {
+    "org.apache.iceberg.rest.RESTCatalog": "rest",
+    "org.apache.iceberg.hive.HiveCatalog": "hive",
+    "org.apache.iceberg.aws.glue.GlueCatalog": "glue",
+    "org.apache.iceberg.jdbc.JdbcCatalog": "jdbc",
+    "org.apache.iceberg.hadoop.HadoopCatalog": HADOOP,
+}
+_PASSED_THROUGH_TYPES = {"rest", "hive", "glue"}
+# ``jdbc.*`` keys that configure Iceberg's JDBC catalog itself rather than the connection.
+_JDBC_CATALOG_KEYS = {
+    "jdbc.user",
+    "jdbc.password",
+    "jdbc.schema-version",
+    "jdbc.strict-mode",
+    "jdbc.init-catalog-tables",
+}
+# Catalog types whose warehouse is a location this project chooses when the config does not.
+WAREHOUSE_TYPES = {HADOOP, "jdbc"}
+
+
+def catalog_type(catalog: dict[str, str]) -> str:
+    """The catalog's type (``hadoop`` when neither ``type`` nor a known ``catalog-impl`` says)."""
+    if "catalog-impl" in catalog and "type" not in catalog:
+        return _CATALOG_IMPL_TYPES.get(catalog["catalog-impl"], catalog["catalog-impl"])
+    return catalog.get("type", HADOOP)
+
+
+def resolved(catalog: dict[str, str]) -> dict[str, str]:
+    """The properties with every ``${env:NAME}`` replaced by the variable's value.
+
+    Raises ConfigError naming the key and the variable when the variable is not set.
+    """
+    values = {}
+    for key, value in catalog.items():
+
+        def from_environment(match: re.Match[str], key: str = key) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(f"catalog: {key} refers to environment variable {name}, which is not set")
+            return os.environ[name]
+
+        values[key] = _ENV_REFERENCE.sub(from_environment, value)
+    return values
+
+
+def redacted(catalog: dict[str, str]) -> dict[str, str]:
+    """The properties as they may be shown: secrets (by key) replaced, credentials cut from URIs."""
+    shown = {}
+    for key, value in catalog.items():
+        if _SECRET_KEY.search(key) and not _ENV_REFERENCE.fullmatch(value):
+            shown[key] = "***"
+        else:
+            shown[key] = re.sub(r"//[^/@]*@", "//***@", value)
+    return shown
+
+
+def spark_catalog_properties(catalog: dict[str, str]) -> dict[str, str]:
+    """The settings of an Iceberg ``SparkCatalog`` (without the ``spark.sql.catalog.<name>.`` prefix)."""
+    return resolved(catalog)
+
+
+def pyiceberg_catalog_properties(catalog: dict[str, str]) -> dict[str, str]:
+    """The properties of the same catalog for PyIceberg's ``load_catalog``.
+
+    Raises ConfigError for a catalog PyIceberg cannot read (the checks and recovery need it).
+    """
+    kind = catalog_type(catalog)
+    properties = resolved(catalog)
+    if kind == "jdbc":
+        return _sql_catalog_properties(properties)
+    if kind in _PASSED_THROUGH_TYPES:
+        properties.pop("catalog-impl", None)
+        return {**properties, "type": kind}
+    if "py-catalog-impl" in properties:
+        return properties
+    raise ConfigError(
+        f"catalog: type {kind!r} has no PyIceberg client, which the checks and recovery read the table with; "
+        "use jdbc, rest, hive, glue or hadoop, or name PyIceberg's class in py-catalog-impl"
+    )
+
+
+def _sql_catalog_properties(properties: dict[str, str]) -> dict[str, str]:
+    """Iceberg's JDBC catalog as PyIceberg's SQL catalog: ``jdbc:<dialect>://host/db`` becomes an
+    SQLAlchemy URL carrying ``jdbc.user``/``jdbc.password``; other ``jdbc.*`` keys become URL
+    parameters (``jdbc.sslmode`` -> ``?sslmode=``)."""
+    uri = properties.get("uri", "")
+    subprotocol, _, rest = uri.removeprefix("jdbc:").partition(":")
+    if not uri.startswith("jdbc:") or subprotocol not in _SQLALCHEMY_DIALECTS or not rest.startswith("//"):
+        raise ConfigError(
+            f"catalog: uri {redacted({'uri': uri})['uri']!r} is not a JDBC URI this project maps to PyIceberg; "
+            f"use jdbc:{{{'|'.join(_SQLALCHEMY_DIALECTS)}}}://host:port/database"
+        )
+    parts = urlsplit(rest)
+    user, password = properties.get("jdbc.user") or parts.username, properties.get("jdbc.password") or parts.password
+    credentials = quote(user or "", safe="") + (f":{quote(password, safe='')}" if password else "")
+    parameters = dict(parse_qsl(parts.query))
+    for key, value in properties.items():
+        if key.startswith("jdbc.") and key not in _JDBC_CATALOG_KEYS:
+            parameters[key.removeprefix("jdbc.")] = value
+    url = f"{_SQLALCHEMY_DIALECTS[subprotocol]}://{credentials}{'@' if credentials else ''}{parts.hostname}"
+    url += f":{parts.port}" if parts.port else ""
+    url += parts.path + (f"?{urlencode(parameters)}" if parameters else "")
+    kept = {key: value for key, value in properties.items() if not key.startswith("jdbc.") and key != "catalog-impl"}
+    # A client is kept for the life of a process (a Dagster daemon's, say): let it survive a
+    # restart of the database by checking a pooled connection before using it.
+    return {"pool_pre_ping": "true", **kept, "type": "sql", "uri": url}

@@ -1,0 +1,200 @@
+"""The pipeline on Iceberg's JDBC catalog in a real PostgreSQL: end to end, killed after a commit,
+raced, maintained and checked; and raced from two hosts that share only the catalog and the storage,
+where the catalog's compare-and-swap, not a lock, decides.
+
+The first round runs once per session; each test starts from a copy of its files (same paths) and of
+its catalog database (``CREATE DATABASE ... TEMPLATE``).
+"""
+
+import shutil
+import time
+from pathlib import Path
+
+import psycopg2
+import pytest
+import yaml
+
+from lakehouse_assets import faults
+from lakehouse_assets.config import load_config
+from lakehouse_assets.paths import STORAGE_ROOT_ENV, LakehousePaths
+from lakehouse_assets.recovery import lakehouse_commits
+from lakehouse_assets.table_metadata import load_committed_table
+from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
+from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
+from lakehouse_assets_tests.fault_injection.pipeline import (
+    PIPELINE,
+    kill_at_then_restart,
+    land_round,
+    run_lakehouse_process,
+    run_pipeline_process,
+    start_pipeline_process,
+)
+from lakehouse_assets_tests.postgres_server import SERVER_USER, PostgresServer, jdbc_driver_jar
+
+pytestmark = pytest.mark.spark
+
+DATABASE = "lakehouse"
+FIRST_ROUND_DATABASE = "lakehouse_first_round"
+PASSWORD_ENV = "LAKEHOUSE_TEST_CATALOG_PASSWORD"
+# Trust authentication ignores it; it stands for a secret that must reach no file and no log.
+PASSWORD = "not-for-logs-7f3a9c"
+TABLES = ("sales.orders", "crm.customers")
+
+
+def jdbc_pipeline(server: PostgresServer) -> dict:
+    return {
+        "catalog": {
+            "type": "jdbc",
+            "uri": f"jdbc:postgresql://127.0.0.1:{server.port}/{DATABASE}",
+            "jdbc.user": SERVER_USER,
+            "jdbc.password": f"${{env:{PASSWORD_ENV}}}",
+        },
+        "spark": {"spark.jars": jdbc_driver_jar()},
+        **PIPELINE,
+    }
+
+
+@pytest.fixture(scope="session")
+def jdbc_first_round(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer) -> Path:
+    base = tmp_path_factory.mktemp("jdbc-pipeline")
+    work = base / "work"
+    (work / "dagster").mkdir(parents=True)
+    (work / "lakehouse.yaml").write_text(yaml.safe_dump(jdbc_pipeline(postgres)))
+    postgres.create_database(DATABASE)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _use_home(work, monkeypatch)
+        monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+        config, paths = load_config(), LakehousePaths.from_env()
+        land_round(config, paths, 0)
+        completed = run_pipeline_process()
+        assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+        assert invariant_violations(config, paths) == []
+    postgres.clone_database(DATABASE, FIRST_ROUND_DATABASE)
+    shutil.copytree(work, base / "template")
+    return base
+
+
+@pytest.fixture
+def lakehouse_home(jdbc_first_round: Path, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The JDBC pipeline's home and catalog database with the first round committed."""
+    home = restored_first_round(jdbc_first_round, monkeypatch)
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    postgres.clone_database(FIRST_ROUND_DATABASE, DATABASE)
+    return home
+
+
+def _catalog_rows(server: PostgresServer) -> dict[str, str]:
+    connection = psycopg2.connect(host="127.0.0.1", port=server.port, user=SERVER_USER, dbname=DATABASE)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT table_namespace, table_name, metadata_location FROM iceberg_tables")
+            return {f"{namespace}.{name}": location for namespace, name, location in cursor.fetchall()}
+    finally:
+        connection.close()
+
+
+def _commits_per_batch_once(config, paths, identifier):
+    sequences = [
+        (commit.stream, sequence)
+        for commit in lakehouse_commits(load_committed_table(config, paths, identifier))
+        for sequence in range(commit.first_sequence, commit.last_sequence + 1)
+    ]
+    return len(sequences) == len(set(sequences))
+
+
+def _files_containing(root: Path, needle: str) -> list[Path]:
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file() and needle.encode() in path.read_bytes():
+            found.append(path)
+    return found
+
+
+def test_both_pipelines_commit_exactly_once_and_pass_their_checks(config, paths, postgres):
+    land_round(config, paths, 1)
+    completed = run_pipeline_process()
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+
+    assert invariant_violations(config, paths) == []
+    # The tables are the catalog's: PostgreSQL names their current metadata, no Hadoop layout exists.
+    rows = _catalog_rows(postgres)
+    assert set(TABLES) | {"sales.orders_dead_letters", "crm.customers_dead_letters"} <= set(rows)
+    assert not list(paths.warehouse.rglob("version-hint.text"))
+    checked = run_lakehouse_process(["check"])
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
+    # The catalog password came from the environment and went nowhere else.
+    assert PASSWORD not in completed.stdout + completed.stderr + checked.stdout + checked.stderr
+    assert _files_containing(paths.home.parent, PASSWORD) == []
+
+
+def test_a_pipeline_killed_after_its_commit_recovers_exactly_once(config, paths):
+    land_round(config, paths, 1)
+
+    kill_at_then_restart(faults.COMMITTER_AFTER_COMMIT)
+
+    assert invariant_violations(config, paths) == []
+
+
+def test_two_committers_racing_commit_each_batch_once(config, paths, tmp_path):
+    for round_number in (1, 2):
+        land_round(config, paths, round_number)
+
+    first = start_pipeline_process({}, tmp_path / "first.log")
+    second = start_pipeline_process({}, tmp_path / "second.log")
+    assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    assert run_pipeline_process().returncode == 0
+
+    assert invariant_violations(config, paths) == []
+    for identifier in TABLES:
+        assert _commits_per_batch_once(config, paths, identifier), identifier
+
+
+def test_maintenance_with_expiry_keeps_recovery_exactly_once(config, paths):
+    land_round(config, paths, 1)
+    assert run_pipeline_process().returncode == 0
+
+    maintained = run_lakehouse_process(["maintain"])
+    assert maintained.returncode == 0, maintained.stdout[-3000:] + maintained.stderr[-3000:]
+    for identifier in TABLES:
+        table = load_committed_table(config, paths, identifier)
+        oldest = min(table.metadata.snapshots, key=lambda snapshot: snapshot.sequence_number)
+        assert oldest.parent_snapshot_id is not None, f"{identifier}: expiry kept the whole history"
+    land_round(config, paths, 2)
+    assert run_pipeline_process().returncode == 0
+
+    assert invariant_violations(config, paths) == []
+
+
+@pytest.mark.parametrize("point", [faults.COMMITTER_BEFORE_COMMIT, faults.COMMITTER_BEFORE_PUBLISH])
+def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point, config, paths, tmp_path):
+    land_round(config, paths, 1)
+    # Host B: its own home (locks, Dagster instance), this home as the shared storage root.
+    host_b = tmp_path / "host-b"
+    (host_b / "dagster").mkdir(parents=True)
+    on_host_b = {
+        "LAKEHOUSE_HOME": str(host_b / "home"),
+        "DAGSTER_HOME": str(host_b / "dagster"),
+        STORAGE_ROOT_ENV: str(paths.home),
+    }
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+
+    # Host A plans its commit, then stalls at the commit point; host B commits the same batches.
+    host_a = start_pipeline_process(
+        {faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, tmp_path / "host-a.log"
+    )
+    deadline = time.monotonic() + 300
+    while not (pauses / f"{point}.paused").exists():
+        assert time.monotonic() < deadline and host_a.poll() is None, (tmp_path / "host-a.log").read_text()[-3000:]
+        time.sleep(0.2)
+    completed = run_pipeline_process(on_host_b)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    (pauses / f"{point}.release").touch()
+    assert host_a.wait(timeout=600) == 0, (tmp_path / "host-a.log").read_text()[-3000:]
+
+    assert "another committer published" in (tmp_path / "host-a.log").read_text()
+    assert run_pipeline_process().returncode == 0
+    assert invariant_violations(config, paths) == []
+    for identifier in TABLES:
+        assert _commits_per_batch_once(config, paths, identifier), identifier

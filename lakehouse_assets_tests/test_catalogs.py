@@ -1,0 +1,112 @@
+"""One catalog configuration mapped to Spark's and PyIceberg's clients, secrets from the environment."""
+
+import pytest
+
+from lakehouse_assets.catalogs import pyiceberg_catalog_properties, redacted, spark_catalog_properties
+from lakehouse_assets.config import parse_config
+from lakehouse_assets.errors import ConfigError
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.spark import catalog_conf, static_spark_conf
+from lakehouse_assets.table_metadata import warehouse_location
+
+STREAMS = [{"name": "s", "table_identifier": "a.b", "schema": {"columns": [{"name": "x", "type": "long"}]}}]
+JDBC = {
+    "type": "jdbc",
+    "uri": "jdbc:postgresql://db.internal:5433/iceberg?ssl=true",
+    "jdbc.user": "lake writer",
+    "jdbc.password": "${env:CATALOG_PASSWORD}",
+    "jdbc.sslmode": "require",
+    "warehouse": "s3://bucket/warehouse",
+}
+
+
+def _config(catalog: dict, spark: dict | None = None):
+    return parse_config({"catalog": catalog, "spark": spark or {}, "streams": STREAMS})
+
+
+def test_jdbc_is_pyiceberg_sql_with_the_matching_sqlalchemy_url(monkeypatch):
+    monkeypatch.setenv("CATALOG_PASSWORD", "p@ss/word")
+
+    properties = pyiceberg_catalog_properties(JDBC)
+
+    assert properties["type"] == "sql"
+    assert properties["uri"] == (
+        "postgresql+psycopg2://lake%20writer:p%40ss%2Fword@db.internal:5433/iceberg?ssl=true&sslmode=require"
+    )
+    assert properties["warehouse"] == "s3://bucket/warehouse"
+    assert not any(key.startswith("jdbc.") for key in properties)
+
+
+def test_spark_gets_iceberg_s_own_keys_with_secrets_resolved(monkeypatch):
+    monkeypatch.setenv("CATALOG_PASSWORD", "secret")
+
+    properties = spark_catalog_properties(JDBC)
+
+    assert properties["type"] == "jdbc"
+    assert properties["uri"] == JDBC["uri"]
+    assert properties["jdbc.password"] == "secret"
+
+
+def test_a_missing_secret_names_the_key_and_the_variable(monkeypatch):
+    monkeypatch.delenv("CATALOG_PASSWORD", raising=False)
+
+    with pytest.raises(ConfigError, match="jdbc.password.*CATALOG_PASSWORD"):
+        spark_catalog_properties(JDBC)
+
+
+@pytest.mark.parametrize(
+    ("catalog", "kind"),
+    [
+        ({"type": "rest", "uri": "https://catalog.example/api", "credential": "id:secret"}, "rest"),
+        ({"type": "hive", "uri": "thrift://metastore:9083"}, "hive"),
+        ({"type": "glue", "warehouse": "s3://bucket/w"}, "glue"),
+        ({"catalog-impl": "org.apache.iceberg.rest.RESTCatalog", "uri": "https://catalog.example"}, "rest"),
+    ],
+)
+def test_rest_hive_glue_and_catalog_impl_pass_through(catalog, kind):
+    properties = pyiceberg_catalog_properties(catalog)
+
+    assert properties["type"] == kind
+    assert "catalog-impl" not in properties
+    assert {key: value for key, value in properties.items() if key != "type"}.items() <= catalog.items()
+
+
+def test_a_catalog_pyiceberg_cannot_read_is_refused_by_name():
+    with pytest.raises(ConfigError, match="nessie"):
+        pyiceberg_catalog_properties({"type": "nessie", "uri": "http://nessie:19120/api/v2"})
+
+
+def test_a_jdbc_uri_of_another_database_is_refused_without_its_credentials():
+    with pytest.raises(ConfigError, match=r"jdbc:sqlserver://\*\*\*@host") as raised:
+        pyiceberg_catalog_properties({"type": "jdbc", "uri": "jdbc:sqlserver://user:pw@host/db"})
+    assert "pw" not in str(raised.value)
+
+
+def test_redacted_hides_secrets_but_not_their_environment_references():
+    shown = redacted({**JDBC, "credential": "id:secret", "uri": "https://id:secret@catalog.example/api"})
+
+    assert shown["jdbc.password"] == "${env:CATALOG_PASSWORD}"
+    assert shown["credential"] == "***"
+    assert shown["uri"] == "https://***@catalog.example/api"
+
+
+def test_the_warehouse_defaults_to_the_storage_root_only_where_the_catalog_needs_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("CATALOG_PASSWORD", "secret")
+    paths = LakehousePaths(tmp_path / "home", tmp_path / "shared")
+    jdbc = _config({k: v for k, v in JDBC.items() if k != "warehouse"})
+    rest = _config({"type": "rest", "uri": "https://catalog.example"})
+
+    conf = catalog_conf(jdbc, paths)
+
+    assert conf["spark.sql.catalog.lake.type"] == "jdbc"
+    assert conf["spark.sql.catalog.lake.warehouse"] == str(tmp_path / "shared" / "warehouse")
+    assert warehouse_location(rest, paths) is None
+    assert "spark.sql.catalog.lake.warehouse" not in catalog_conf(rest, paths)
+
+
+def test_configured_jars_come_after_the_iceberg_runtime():
+    config = _config({"type": "hadoop", "warehouse": "/w"}, spark={"spark.jars": "/usr/share/java/postgresql.jar"})
+
+    jars = static_spark_conf(config)["spark.jars"].split(",")
+
+    assert jars[0].endswith("iceberg-spark-runtime-3.5_2.12-1.10.2.jar") and jars[1] == "/usr/share/java/postgresql.jar"
