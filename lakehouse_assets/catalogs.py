@@ -12,7 +12,7 @@ The config's ``catalog`` map uses Iceberg's own property names, as Spark's
 - ``hadoop`` (the embedded default) has no PyIceberg client: ``table_metadata`` reads its layout.
 
 A value written ``${env:NAME}`` is read from the environment when a client is built, so secrets
-stay out of the config file; :func:`redacted` is what may be shown of a catalog.
+stay out of the config file; errors show URIs :func:`without_credentials`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from lakehouse_assets.errors import ConfigError
 
 HADOOP = "hadoop"
 _ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
-_SECRET_KEY = re.compile(r"password|secret|token|credential|key-id|access-key", re.IGNORECASE)
 
 # The SQLAlchemy dialect (and driver PyIceberg's ``sql-postgres`` extra installs) per JDBC subprotocol.
 _SQLALCHEMY_DIALECTS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+pymysql"}
@@ -76,15 +75,9 @@ def resolved(catalog: dict[str, str]) -> dict[str, str]:
     return values
 
 
-def redacted(catalog: dict[str, str]) -> dict[str, str]:
-    """The properties as they may be shown: secrets (by key) replaced, credentials cut from URIs."""
-    shown = {}
-    for key, value in catalog.items():
-        if _SECRET_KEY.search(key) and not _ENV_REFERENCE.fullmatch(value):
-            shown[key] = "***"
-        else:
-            shown[key] = re.sub(r"//[^/@]*@", "//***@", value)
-    return shown
+def without_credentials(uri: str) -> str:
+    """``uri`` as it may be shown: ``scheme://user:password@host`` becomes ``scheme://***@host``."""
+    return re.sub(r"//[^/@]*@", "//***@", uri)
 
 
 def spark_catalog_properties(catalog: dict[str, str]) -> dict[str, str]:
@@ -97,8 +90,16 @@ def pyiceberg_catalog_properties(catalog: dict[str, str]) -> dict[str, str]:
 
     Raises ConfigError for a catalog PyIceberg cannot read (the checks and recovery need it).
     """
-    kind = catalog_type(catalog)
-    properties = resolved(catalog)
+    return _as_pyiceberg(catalog_type(catalog), resolved(catalog))
+
+
+def check_catalog(catalog: dict[str, str]) -> None:
+    """Raise ConfigError when the catalog cannot be mapped to both clients (secrets not read)."""
+    if catalog_type(catalog) != HADOOP:
+        _as_pyiceberg(catalog_type(catalog), dict(catalog))
+
+
+def _as_pyiceberg(kind: str, properties: dict[str, str]) -> dict[str, str]:
     if kind == "jdbc":
         return _sql_catalog_properties(properties)
     if kind in _PASSED_THROUGH_TYPES:
@@ -120,7 +121,7 @@ def _sql_catalog_properties(properties: dict[str, str]) -> dict[str, str]:
     subprotocol, _, rest = uri.removeprefix("jdbc:").partition(":")
     if not uri.startswith("jdbc:") or subprotocol not in _SQLALCHEMY_DIALECTS or not rest.startswith("//"):
         raise ConfigError(
-            f"catalog: uri {redacted({'uri': uri})['uri']!r} is not a JDBC URI this project maps to PyIceberg; "
+            f"catalog: uri {without_credentials(uri)!r} is not a JDBC URI this project maps to PyIceberg; "
             f"use jdbc:{{{'|'.join(_SQLALCHEMY_DIALECTS)}}}://host:port/database"
         )
     parts = urlsplit(rest)

@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from lakehouse_assets.catalogs import HADOOP, catalog_type
+from lakehouse_assets.catalogs import HADOOP, catalog_type, check_catalog
 from lakehouse_assets.errors import ConfigError
 from lakehouse_assets.iceberg_types import IcebergType, parse_type, type_name
 from lakehouse_assets.paths import LakehousePaths
@@ -508,6 +508,15 @@ class LakehouseConfig(_Strict):
     def _catalog_as_strings(cls, value: Any) -> Any:
         if isinstance(value, dict):
             return {str(key): str(item) for key, item in value.items()}
+        return value
+
+    @field_validator("catalog")
+    @classmethod
+    def _catalog_both_clients_read(cls, value: dict[str, str]) -> dict[str, str]:
+        try:
+            check_catalog(value)
+        except ConfigError as error:
+            raise ValueError(str(error).removeprefix("catalog: ")) from error
         return value
 
     @model_validator(mode="before")
