@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from lakehouse_assets.errors import ConfigError
+
 HOME_ENV = "LAKEHOUSE_HOME"
 STORAGE_ROOT_ENV = "LAKEHOUSE_STORAGE_ROOT"
 DEFAULT_HOME = ".lakehouse"
@@ -28,7 +30,7 @@ class LakehousePaths:
     def from_env(cls) -> LakehousePaths:
         home = Path(os.environ.get(HOME_ENV, DEFAULT_HOME)).resolve()
         storage = os.environ.get(STORAGE_ROOT_ENV)
-        return cls(home, Path(storage).resolve() if storage else home)
+        return cls(home, _mounted_path(storage) if storage else home)
 
     @property
     def warehouse(self) -> Path:
@@ -61,3 +63,18 @@ class LakehousePaths:
     @property
     def dagster_home(self) -> Path:
         return self.home / "dagster"
+
+
+def _mounted_path(root: str) -> Path:
+    """The storage root as a local path: a path or a ``file://`` URI. Another scheme is refused:
+    the staging ledger decides a batch with an exclusive hard link and landing files appear by an
+    atomic rename, which an object store's API does not offer, so an object store is mounted."""
+    scheme, separator, rest = root.partition("://")
+    if not separator:
+        return Path(root).resolve()
+    if scheme != "file":
+        raise ConfigError(
+            f"{STORAGE_ROOT_ENV}={root!r}: the storage root must be a file system every host mounts "
+            "(a path or file:// URI); mount an object store (s3fs, gcsfuse, blobfuse) and give its path"
+        )
+    return Path(rest).resolve()

@@ -106,3 +106,16 @@ def test_configured_jars_come_after_the_iceberg_runtime():
     jars = static_spark_conf(config)["spark.jars"].split(",")
 
     assert jars[0].endswith("iceberg-spark-runtime-3.5_2.12-1.10.2.jar") and jars[1] == "/usr/share/java/postgresql.jar"
+
+
+def test_the_storage_root_is_a_mounted_path_or_file_uri(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LAKEHOUSE_STORAGE_ROOT", f"file://{tmp_path}/shared")
+
+    paths = LakehousePaths.from_env()
+
+    assert paths.landing("orders") == tmp_path / "shared" / "landing" / "orders"
+    assert paths.locks == tmp_path / "home" / "state" / "locks"
+    monkeypatch.setenv("LAKEHOUSE_STORAGE_ROOT", "s3://bucket/lake")
+    with pytest.raises(ConfigError, match="LAKEHOUSE_STORAGE_ROOT='s3://bucket/lake'.*mount"):
+        LakehousePaths.from_env()

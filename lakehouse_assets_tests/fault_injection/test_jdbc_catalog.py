@@ -18,6 +18,7 @@ from lakehouse_assets import faults
 from lakehouse_assets.config import load_config
 from lakehouse_assets.paths import STORAGE_ROOT_ENV, LakehousePaths
 from lakehouse_assets.recovery import lakehouse_commits
+from lakehouse_assets.spark import DRIVER_MEMORY_ENV, MASTER_ENV
 from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
@@ -30,6 +31,7 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
     start_pipeline_process,
 )
 from lakehouse_assets_tests.postgres_server import SERVER_USER, PostgresServer, jdbc_driver_jar
+from lakehouse_assets_tests.spark_cluster import cluster_environment, standalone_cluster
 
 pytestmark = pytest.mark.spark
 
@@ -125,6 +127,24 @@ def test_both_pipelines_commit_exactly_once_and_pass_their_checks(config, paths,
     # The catalog password came from the environment and went nowhere else.
     assert PASSWORD not in completed.stdout + completed.stderr + checked.stdout + checked.stderr
     assert _files_containing(paths.home.parent, PASSWORD) == []
+
+
+def test_both_pipelines_run_on_a_standalone_cluster_with_the_jdbc_catalog(config, paths, tmp_path):
+    land_round(config, paths, 1)
+
+    with standalone_cluster(tmp_path / "cluster") as cluster:
+        on_cluster = {
+            **cluster_environment(tmp_path / "cluster"),
+            MASTER_ENV: cluster.master_url,
+            DRIVER_MEMORY_ENV: "1g",
+        }
+        completed = run_pipeline_process(on_cluster)
+        assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+        assert cluster.application_dirs(), "no executor of the cluster ran the pipeline's work"
+
+    assert invariant_violations(config, paths) == []
+    for identifier in TABLES:
+        assert _commits_per_batch_once(config, paths, identifier), identifier
 
 
 def test_a_pipeline_killed_after_its_commit_recovers_exactly_once(config, paths):
