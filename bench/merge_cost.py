@@ -37,9 +37,9 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from lakehouse_assets.config import load_config
-    from lakehouse_assets.conversion import OPERATION_COLUMN
     from lakehouse_assets.paths import LakehousePaths
     from lakehouse_assets.spark import lakehouse_session
+    from lakehouse_assets.staged_format import OPERATION_COLUMN
     from lakehouse_assets.table_writes import append_rows, count_changes, merge_changes
     from lakehouse_assets.tables import MERGE_ON_READ_PROPERTIES
 

@@ -11,14 +11,17 @@ All of this is metadata: no data file is read or written.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
-from pyspark.sql import SparkSession
 
 from lakehouse_assets.errors import BranchesDivergedError
 from lakehouse_assets.recovery import AUDIT_BRANCH, MAIN_BRANCH, LakehouseCommit, commit_history
-from lakehouse_assets.tables import qualified_name
+from lakehouse_assets.table_metadata import qualified_name
+
+if TYPE_CHECKING:  # the checks read branches without Spark; only the writes below need a session
+    from pyspark.sql import SparkSession
 
 
 @dataclass(frozen=True)

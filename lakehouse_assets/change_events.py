@@ -20,14 +20,8 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from lakehouse_assets.config import OPERATION_POINTER, StreamSpec
+from lakehouse_assets.staged_format import DELETE, OPERATION_BY_NAME, UPSERT
 
-INSERT, UPDATE, DELETE = "INSERT", "UPDATE", "DELETE"
-OPERATION_BY_NAME = {
-    **dict.fromkeys(("index", "insert", "create", "c", "i", "r"), INSERT),
-    **dict.fromkeys(("update", "u"), UPDATE),
-    **dict.fromkeys(("delete", "d"), DELETE),
-}
-UPSERT = "UPSERT"
 SOURCE_POSITION_FIELDS = ("lsn", "file", "pos", "row")
 
 

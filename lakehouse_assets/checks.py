@@ -15,13 +15,12 @@ from pyiceberg.table import StaticTable
 
 from lakehouse_assets import summary_keys
 from lakehouse_assets.branches import audit_state
-from lakehouse_assets.change_events import DELETE
 from lakehouse_assets.config import SYSTEM_COLUMN_PREFIX, ColumnSpec, ExpectationSpec, LakehouseConfig
-from lakehouse_assets.conversion import OPERATION_COLUMN, REASON_COLUMN
 from lakehouse_assets.duck import manifest_entries, scan
 from lakehouse_assets.iceberg_types import duckdb_type
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import CommitHistory, commit_history
+from lakehouse_assets.staged_format import DELETE, OPERATION_COLUMN, REASON_COLUMN
 from lakehouse_assets.table_metadata import load_committed_table
 
 EXPECTATION_EXAMPLES = 5

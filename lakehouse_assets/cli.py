@@ -4,34 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
-from pathlib import Path
 
 import dagster as dg
 
+from lakehouse_assets.checks import current_snapshot
 from lakehouse_assets.config import LakehouseConfig, load_config
+from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
+from lakehouse_assets.defs.checks import blocking_check_names
+from lakehouse_assets.demo import run_demo
 from lakehouse_assets.errors import ConfigError, LakehouseError
+from lakehouse_assets.iceberg_source import forget_cursor
 from lakehouse_assets.landing import land_events
 from lakehouse_assets.paths import LakehousePaths
-
-DAGSTER_HOME_ENV = "DAGSTER_HOME"
-INSTANCE_SETTINGS = "dagster.yaml"
-
-
-def dagster_instance(paths: LakehousePaths) -> dg.DagsterInstance:
-    """The Dagster instance at ``$DAGSTER_HOME``, by default ``$LAKEHOUSE_HOME/dagster``.
-
-    A new home gets a copy of the project's ``dagster.yaml`` (run queue, pools) when one is in
-    the working directory, so ``dagster dev`` on the same home sees the same settings and runs.
-    """
-    home = Path(os.environ.setdefault(DAGSTER_HOME_ENV, str(paths.dagster_home)))
-    home.mkdir(parents=True, exist_ok=True)
-    if not (home / INSTANCE_SETTINGS).exists() and Path(INSTANCE_SETTINGS).is_file():
-        shutil.copy(INSTANCE_SETTINGS, home / INSTANCE_SETTINGS)
-    return dg.DagsterInstance.get()
+from lakehouse_assets.replay import replay_dead_letters
+from lakehouse_assets.runner import dagster_instance, run_job, run_pipeline_until_idle
+from lakehouse_assets.status import lakehouse_status
+from lakehouse_assets.tables import require_static_tables
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -52,9 +42,6 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from lakehouse_assets.runner import run_pipeline_until_idle
-    from lakehouse_assets.tables import require_static_tables
-
     if not args.until_idle:
         print("use `dagster dev` for a long-running pipeline, or `lakehouse run --until-idle`", file=sys.stderr)
         return 2
@@ -76,9 +63,6 @@ def _selected_tables(config: LakehouseConfig, table: str | None) -> list[str]:
 
 
 def _maintain(args: argparse.Namespace) -> int:
-    from lakehouse_assets.definitions import build_definitions
-    from lakehouse_assets.runner import run_job
-
     paths, config = LakehousePaths.from_env(), load_config()
     tables = _selected_tables(config, args.table)
     repository = build_definitions(config).get_repository_def()
@@ -109,11 +93,6 @@ def _print_check_results(table: str, check_names: list[str], result: dg.ExecuteI
 
 
 def _check(args: argparse.Namespace) -> int:
-    from lakehouse_assets.checks import current_snapshot
-    from lakehouse_assets.definitions import build_definitions
-    from lakehouse_assets.defs.checks import blocking_check_names
-    from lakehouse_assets.runner import run_job
-
     paths, config = LakehousePaths.from_env(), load_config()
     tables = _selected_tables(config, args.table)
     definitions = build_definitions(config)
@@ -130,8 +109,6 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _dlq_replay(args: argparse.Namespace) -> int:
-    from lakehouse_assets.replay import replay_dead_letters
-
     report = replay_dead_letters(load_config(), LakehousePaths.from_env(), args.table, args.reason)
     for stream, count in report.landed.items():
         print(f"stream {stream}: {count} dead letters landed again; they leave the dead-letter table when they commit")
@@ -145,8 +122,6 @@ def _dlq_replay(args: argparse.Namespace) -> int:
 
 
 def _source_reload(args: argparse.Namespace) -> int:
-    from lakehouse_assets.iceberg_source import forget_cursor
-
     stream = load_config().stream(args.stream)
     if not stream.iceberg_source:
         raise ConfigError(f"stream {stream.name!r} has no Iceberg source")
@@ -194,8 +169,6 @@ def _print_status(entries: list[dict]) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from lakehouse_assets.status import lakehouse_status
-
     paths = LakehousePaths.from_env()
     with dagster_instance(paths) as instance:
         entries = lakehouse_status(load_config(), paths, instance)
@@ -208,8 +181,6 @@ def _status(args: argparse.Namespace) -> int:
 
 def _run_audit_job(table: str, job_name: str) -> dg.ExecuteInProcessResult:
     """Run one of an audited table's jobs in this process, recorded in the Dagster instance."""
-    from lakehouse_assets.definitions import build_definitions
-    from lakehouse_assets.runner import run_job
 
     paths, config = LakehousePaths.from_env(), load_config()
     if table not in config.tables():
@@ -260,8 +231,6 @@ def _audit_discard(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from lakehouse_assets.demo import run_demo
-
     return run_demo(args.events)
 
 

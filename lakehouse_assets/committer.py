@@ -75,9 +75,10 @@ from lakehouse_assets.staging import stage_batch
 from lakehouse_assets.table_metadata import (
     current_metadata_location,
     load_committed_table,
+    qualified_name,
 )
 from lakehouse_assets.table_writes import ChangeCounts, append_rows, count_changes, merge_changes
-from lakehouse_assets.tables import identifier_columns, qualified_name
+from lakehouse_assets.tables import identifier_columns
 
 COMMIT_ATTEMPTS = 3
 

@@ -41,16 +41,19 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lakehouse_assets.change_events import DELETE, collapse_changes, event_shape
+from lakehouse_assets.change_events import collapse_changes, event_shape
 from lakehouse_assets.config import SOURCE_POSITION_COLUMN, StreamSpec
 from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.staged_format import (
+    DELETE,
+    EVENT_COLUMN,
+    LINE_COLUMN,
+    OPERATION_COLUMN,
+    POSITION_COLUMN,
+    REASON_COLUMN,
+    SOURCE_FILE_COLUMN,
+)
 
-EVENT_COLUMN = "_lakehouse_event"
-SOURCE_FILE_COLUMN = "_lakehouse_source_file"
-LINE_COLUMN = "_lakehouse_line"
-REASON_COLUMN = "_lakehouse_reason"
-OPERATION_COLUMN = "_lakehouse_operation"
-POSITION_COLUMN = "_lakehouse_position"
 ICEBERG_TYPE = "iceberg_type"
 UUID_TEXT = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\z"
 _ROW = "_lakehouse_row"

@@ -11,8 +11,9 @@ from pyspark.sql import functions as F
 from lakehouse_assets.batch_ledger import BatchRecord
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.conversion import rejected_events
+from lakehouse_assets.table_metadata import qualified_name
 from lakehouse_assets.table_writes import run_with_commit_properties
-from lakehouse_assets.tables import MANAGED_TABLE_PROPERTIES, qualified_name
+from lakehouse_assets.tables import MANAGED_TABLE_PROPERTIES
 
 DEAD_LETTER_SUFFIX = "_dead_letters"
 KEY_COLUMNS = ("stream", "batch_sequence", "source_file", "source_line")

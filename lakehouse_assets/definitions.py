@@ -96,12 +96,11 @@ def stage_job(config: LakehouseConfig, stream: StreamSpec):  # -> UnresolvedAsse
     )
 
 
-def load_definitions() -> dg.Definitions:
-    """The code location: fails to load, naming them, when static tables are missing and may not be
-    created (``auto_create: false``), as the sink RFC requires at startup."""
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The code location, built when Dagster loads it (importing this module reads no file): fails
+    to load, naming them, when static tables are missing and may not be created (``auto_create:
+    false``), as the sink RFC requires at startup."""
     config = load_config()
     require_static_tables(config, LakehousePaths.from_env())
     return build_definitions(config)
-
-
-defs = load_definitions()

@@ -12,7 +12,7 @@ from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.duck import iceberg_connection, scan
 from lakehouse_assets.landing import land_events
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.runner import run_until_idle
+from lakehouse_assets.runner import dagster_instance, run_until_idle
 from lakehouse_assets.status import lakehouse_status
 from lakehouse_assets.table_metadata import current_metadata_location
 
@@ -40,8 +40,6 @@ def sample_orders(count: int, first_order_id: int = 1, seed: int = DEMO_SEED) ->
 
 def run_demo(events: int) -> int:
     """Land ``events`` sample orders in the first stream, run until idle, print a summary."""
-    from lakehouse_assets.cli import dagster_instance
-
     config, paths = load_config(), LakehousePaths.from_env()
     stream = config.streams[0]
     landed = land_events(paths, stream, sample_orders(events), origin="demo")

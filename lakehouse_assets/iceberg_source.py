@@ -47,8 +47,7 @@ from lakehouse_assets.iceberg_types import iceberg_type_name
 from lakehouse_assets.landing import LANDING_SUFFIX, landing_dir
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.table_metadata import load_committed_table
-from lakehouse_assets.tables import qualified_name
+from lakehouse_assets.table_metadata import load_committed_table, qualified_name
 
 CURSOR_FILE = "source.json"
 INSERT, DELETE, UPDATE_AFTER = "INSERT", "DELETE", "UPDATE_AFTER"

@@ -29,8 +29,8 @@ from lakehouse_assets.landing_retention import remove_committed_landing_files
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import CHECKPOINT_PROPERTY, table_history
-from lakehouse_assets.table_metadata import load_committed_table
-from lakehouse_assets.tables import CATALOG_NAME, qualified_name
+from lakehouse_assets.table_metadata import load_committed_table, qualified_name
+from lakehouse_assets.tables import CATALOG_NAME
 
 LandedCheck = Callable[[str, str], bool]
 """``landed(stream, file_name)``: whether the stream's landing file is still in the landing zone."""

@@ -24,8 +24,7 @@ from pyspark.sql import SparkSession
 from lakehouse_assets.branches import fast_forward
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.errors import FencedError
-from lakehouse_assets.table_metadata import is_hadoop_catalog
-from lakehouse_assets.tables import qualified_name
+from lakehouse_assets.table_metadata import is_hadoop_catalog, qualified_name
 
 PASS_BRANCH_PREFIX = "lakehouse_pass_"
 SWAP_ATTEMPTS = 5

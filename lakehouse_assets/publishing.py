@@ -27,8 +27,7 @@ from lakehouse_assets.faults import crash_point
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import AUDIT_BRANCH, MAIN_BRANCH
-from lakehouse_assets.table_metadata import load_committed_table
-from lakehouse_assets.tables import qualified_name
+from lakehouse_assets.table_metadata import load_committed_table, qualified_name
 
 
 @dataclass(frozen=True)

@@ -24,14 +24,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lakehouse_assets.conversion import (
+from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.staged_format import (
     EVENT_COLUMN,
     LINE_COLUMN,
     OPERATION_COLUMN,
     REASON_COLUMN,
     SOURCE_FILE_COLUMN,
 )
-from lakehouse_assets.errors import LakehouseError
 
 SPARK_ERRORS = (Py4JJavaError, PySparkException)
 """What a failed Spark job raises in PySpark."""

@@ -36,13 +36,14 @@ from lakehouse_assets.config import (
     LakehouseConfig,
     StreamSpec,
 )
-from lakehouse_assets.conversion import EVENT_COLUMN, LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN, read_landing_lines
+from lakehouse_assets.conversion import read_landing_lines
 from lakehouse_assets.dead_letters import DEAD_LETTER_SUFFIX
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.replay import sidecar_path
+from lakehouse_assets.staged_format import EVENT_COLUMN, LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.staging import input_links, landing_files, minted_record
 from lakehouse_assets.table_metadata import current_metadata_location
 

@@ -9,15 +9,21 @@ triggers say, so "idle" means nothing is pending.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import dagster as dg
 
 from lakehouse_assets.config import load_config
+from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs.resources import LakehouseResource
+from lakehouse_assets.paths import LakehousePaths
 
+DAGSTER_HOME_ENV = "DAGSTER_HOME"
+INSTANCE_SETTINGS = "dagster.yaml"
 RUN_KEY_TAG = "dagster/run_key"
 SENSOR_NAME_TAG = "dagster/sensor_name"
 PROCESS_TAG = "lakehouse/process"
@@ -117,11 +123,22 @@ def run_job(
     )
 
 
+def dagster_instance(paths: LakehousePaths) -> dg.DagsterInstance:
+    """The Dagster instance at ``$DAGSTER_HOME``, by default ``$LAKEHOUSE_HOME/dagster``.
+
+    A new home gets a copy of the project's ``dagster.yaml`` (run queue, pools) when one is in
+    the working directory, so ``dagster dev`` on the same home sees the same settings and runs.
+    """
+    home = Path(os.environ.setdefault(DAGSTER_HOME_ENV, str(paths.dagster_home)))
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / INSTANCE_SETTINGS).exists() and Path(INSTANCE_SETTINGS).is_file():
+        shutil.copy(INSTANCE_SETTINGS, home / INSTANCE_SETTINGS)
+    return dg.DagsterInstance.get()
+
+
 def run_pipeline_until_idle(instance: dg.DagsterInstance, log: Callable[[str], None] = print) -> IdleRunReport:
     """``run_until_idle`` over definitions rebuilt from the configuration until routing finds no
     new table: a table a router found for the first time gets its own stream, sensors and checks."""
-    from lakehouse_assets.definitions import build_definitions  # importing it loads the code location
-
     report = IdleRunReport()
     loaded: list[str] = []
     while True:

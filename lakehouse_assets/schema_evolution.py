@@ -23,12 +23,12 @@ from pyspark.sql import types as T
 
 from lakehouse_assets.change_events import event_shape
 from lakehouse_assets.config import StreamSpec
-from lakehouse_assets.conversion import EVENT_COLUMN
 from lakehouse_assets.iceberg_source import METADATA_FIELDS
 from lakehouse_assets.iceberg_types import FIELD_NAME, Struct, iceberg_type_name, parse_type, spark_ddl, type_name
 from lakehouse_assets.inference import infer_type
 from lakehouse_assets.recovery import MAIN_BRANCH, branch_head
-from lakehouse_assets.tables import qualified_name
+from lakehouse_assets.staged_format import EVENT_COLUMN
+from lakehouse_assets.table_metadata import qualified_name
 
 
 def _operation_field(stream: StreamSpec) -> str | None:

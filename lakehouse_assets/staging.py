@@ -22,17 +22,8 @@ from pyspark.sql import types as T
 
 from lakehouse_assets import faults
 from lakehouse_assets.batch_ledger import EVENTS_DIR, BatchRecord, StagedBatch, StreamLedger
-from lakehouse_assets.change_events import DELETE
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
-from lakehouse_assets.conversion import (
-    EVENT_COLUMN,
-    OPERATION_COLUMN,
-    REASON_COLUMN,
-    convert_events,
-    read_landing_lines,
-    staged_events,
-    with_iceberg_types,
-)
+from lakehouse_assets.conversion import convert_events, read_landing_lines, staged_events, with_iceberg_types
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.iceberg_source import source_columns
@@ -41,8 +32,9 @@ from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.quarantine import SPARK_ERRORS, isolate_failing_lines, quarantined_events, without_failing
 from lakehouse_assets.schema_evolution import new_columns, with_new_columns
-from lakehouse_assets.table_metadata import load_committed_table
-from lakehouse_assets.tables import ensure_table, identifier_columns, qualified_name
+from lakehouse_assets.staged_format import DELETE, EVENT_COLUMN, OPERATION_COLUMN, REASON_COLUMN
+from lakehouse_assets.table_metadata import load_committed_table, qualified_name
+from lakehouse_assets.tables import ensure_table, identifier_columns
 
 # Event times in the ledger and in snapshot summaries: ISO 8601 in UTC (the session time zone), so
 # they compare correctly as strings.

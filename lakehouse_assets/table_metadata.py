@@ -1,4 +1,4 @@
-"""Read a table's committed metadata without a JVM (PyIceberg), whatever the catalog.
+"""Name a table for Spark, and read its committed metadata without a JVM (PyIceberg), whatever the catalog.
 
 This is the one place that knows the Hadoop catalog's layout
 (``<warehouse>/<namespace>/<table>/metadata/vN.metadata.json`` named by ``version-hint.text``);
@@ -22,6 +22,12 @@ from lakehouse_assets.paths import LakehousePaths
 CATALOG_NAME = "lake"
 VERSION_HINT = "version-hint.text"
 _METADATA_VERSION = re.compile(r"v([0-9]+)\.metadata\.json")
+
+
+def qualified_name(identifier: str, branch: str | None = None) -> str:
+    """The table's name in Spark; with a branch other than main, the name that reads and writes it."""
+    branch_suffix = f".branch_{branch}" if branch and branch != "main" else ""
+    return f"{CATALOG_NAME}.{identifier}{branch_suffix}"
 
 
 def is_hadoop_catalog(config: LakehouseConfig) -> bool:

@@ -15,9 +15,8 @@ from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakehouse_assets.change_events import DELETE
-from lakehouse_assets.conversion import OPERATION_COLUMN
-from lakehouse_assets.tables import qualified_name
+from lakehouse_assets.staged_format import DELETE, OPERATION_COLUMN
+from lakehouse_assets.table_metadata import qualified_name
 
 
 @dataclass(frozen=True)

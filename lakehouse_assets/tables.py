@@ -20,7 +20,12 @@ from lakehouse_assets.errors import ConfigError, TableNotFoundError
 from lakehouse_assets.iceberg_types import iceberg_schema_json, spark_ddl
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.table_metadata import CATALOG_NAME, current_metadata_location, load_committed_table
+from lakehouse_assets.table_metadata import (
+    CATALOG_NAME,
+    current_metadata_location,
+    load_committed_table,
+    qualified_name,
+)
 
 # Iceberg retries a failed commit by re-applying it on the new base, which could publish a batch
 # that a competing committer already published. Our committer retries itself after re-reading the
@@ -33,12 +38,6 @@ MERGE_ON_READ_PROPERTIES = {
     "write.update.mode": "merge-on-read",
     "write.delete.mode": "merge-on-read",
 }
-
-
-def qualified_name(identifier: str, branch: str | None = None) -> str:
-    """The table's name in Spark; with a branch other than main, the name that reads and writes it."""
-    branch_suffix = f".branch_{branch}" if branch and branch != "main" else ""
-    return f"{CATALOG_NAME}.{identifier}{branch_suffix}"
 
 
 def _partition_spec(jvm: JVMView, schema: JavaObject, stream: StreamSpec) -> JavaObject:

@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from lakehouse_assets.definitions import build_definitions, load_definitions
+from lakehouse_assets.definitions import build_definitions, defs
 from lakehouse_assets.errors import TableNotFoundError
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, write_config
 
@@ -62,4 +62,4 @@ def test_a_missing_table_that_may_not_be_created_stops_the_code_location_loading
     write_config(tmp_path, {"streams": [{**ORDERS_STREAM, "auto_create": False}]}, monkeypatch)
 
     with pytest.raises(TableNotFoundError, match=r"sales\.orders \(streams orders\)"):
-        load_definitions()
+        defs()

@@ -89,7 +89,7 @@ def test_a_routed_name_with_a_line_break_is_a_dead_letter_and_the_rest_is_routed
     events = [{"db": "shop", "t": "orders", "n": n} for n in range(5)] + [{"db": "shop", "t": t} for t in hostile]
     land_events(paths, config.stream("app"), [json.dumps(event) for event in events])
 
-    from lakehouse_assets.cli import dagster_instance
+    from lakehouse_assets.runner import dagster_instance
 
     with dagster_instance(paths) as instance:
         report = run_pipeline_until_idle(instance, log=lambda _: None)

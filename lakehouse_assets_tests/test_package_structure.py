@@ -1,0 +1,78 @@
+"""The package's shape: no import cycle, a code location that does no work when imported, and
+DuckDB checks that run without PySpark."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lakehouse_assets"
+
+
+def _imports(path: Path) -> set[str]:
+    """The package modules ``path`` imports anywhere in it (functions included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lakehouse_assets"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("lakehouse_assets"))
+    return found
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_module_imports_itself_through_others():
+    graph = {_module_name(path): _imports(path) for path in PACKAGE.rglob("*.py")}
+    graph = {module: {dep for dep in deps if dep in graph and dep != module} for module, deps in graph.items()}
+    cycles, state = [], {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for dep in sorted(graph[module]):
+            if state.get(dep) == "open":
+                cycles.append(" -> ".join([*path[path.index(dep) :], dep]))
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def _python(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {"LAKEHOUSE_HOME": str(tmp_path / "home"), "LAKEHOUSE_CONFIG": str(tmp_path / "missing.yaml")}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+
+
+def test_importing_the_code_location_reads_no_file(tmp_path):
+    # The configuration does not exist: building the definitions would fail, importing must not.
+    completed = _python(
+        "import sys\n"
+        "opened = []\n"
+        "sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == 'open' else None)\n"
+        "import lakehouse_assets.definitions\n"
+        f"print([path for path in opened if path.startswith({str(tmp_path)!r}) or path.endswith('.yaml')])\n",
+        tmp_path,
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "[]"
+
+
+def test_the_duckdb_checks_import_no_pyspark(tmp_path):
+    completed = _python(
+        "import sys\n"
+        "import lakehouse_assets.checks\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('pyspark', 'py4j'))))\n",
+        tmp_path,
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "[]"
