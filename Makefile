@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export LAKEHOUSE_HOME ?= $(CURDIR)/.lakehouse
 export DAGSTER_HOME ?= $(LAKEHOUSE_HOME)/dagster
 
-.PHONY: run test ui lint bench clean
+.PHONY: run test unit ui lint bench clean
 
 $(BIN)/lakehouse: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ run: $(BIN)/lakehouse
 test: $(BIN)/lakehouse
 	$(BIN)/ruff check lakehouse_assets lakehouse_assets_tests bench
 	$(BIN)/pytest
+
+unit: $(BIN)/lakehouse
+	$(BIN)/pytest -m "not spark"
 
 ui: $(BIN)/lakehouse
 	mkdir -p $(DAGSTER_HOME) && cp -n dagster.yaml $(DAGSTER_HOME)/ || true

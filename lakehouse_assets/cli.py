@@ -12,7 +12,7 @@ from lakehouse_assets.checks import current_snapshot
 from lakehouse_assets.config import LakehouseConfig, load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
-from lakehouse_assets.defs.checks import blocking_check_names
+from lakehouse_assets.defs.check_status import blocking_check_names
 from lakehouse_assets.demo import run_demo
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.iceberg_source import forget_cursor

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial, reduce
 
@@ -41,24 +41,15 @@ from lakehouse_assets.branches import AuditState, audit_state, sync_audit_branch
 from lakehouse_assets.completeness import count_late_events, next_watermark
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.conversion import accepted_rows
-from lakehouse_assets.dead_letters import (
-    dead_letter_rows,
-    ensure_dead_letter_table,
-    replace_dead_letters,
-    stream_dead_letter_identifier,
-)
+from lakehouse_assets.dead_letters import commit_dead_letters
 from lakehouse_assets.errors import CommitOutcomeUnknownError, FencedError, SequenceGapError
 from lakehouse_assets.faults import crash_point
-from lakehouse_assets.iceberg_source import source_snapshot_of
-from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.pass_branches import (
     abandoned_pass_branches,
     drop_pass_branch,
-    open_pass_branch,
-    pass_branch_name,
-    publish_pass_branch,
     uses_pass_branches,
+    written_on_pass_branch,
 )
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import (
@@ -67,9 +58,9 @@ from lakehouse_assets.recovery import (
     branch_head,
     committed_state,
     lakehouse_commits,
+    next_epoch,
     table_history,
 )
-from lakehouse_assets.replay import replayed_keys
 from lakehouse_assets.schema_evolution import add_missing_columns, columns_added_since_last_snapshot, proposed_fields
 from lakehouse_assets.staging import stage_batch
 from lakehouse_assets.table_metadata import (
@@ -157,28 +148,6 @@ def seconds_until_commit_due(table: Table | None, streams: list[StreamSpec], now
     return max(0.0, min(stream.commit_interval for stream in streams) - since_commit)
 
 
-def _summary_properties(
-    stream: StreamSpec, batches: list[BatchRecord], rows: int, net_rows: int, epoch: int, run_id: str
-) -> dict[str, str]:
-    files = [name for record in batches for name in record.minted.files]
-    event_times = [r.staged.max_event_time for r in batches if r.staged.max_event_time]
-    # An Iceberg source's landing files are named by source snapshot, in order (replays are not).
-    source_snapshots = [snapshot for name in files if (snapshot := source_snapshot_of(name))]
-    source = {summary_keys.SOURCE_SNAPSHOT: str(source_snapshots[-1])} if source_snapshots else {}
-    return source | {
-        summary_keys.STREAM: stream.name,
-        summary_keys.COMMIT_SEQUENCE: str(batches[-1].sequence),
-        summary_keys.BATCH_RANGE: summary_keys.format_batch_range(batches[0].sequence, batches[-1].sequence),
-        summary_keys.ROWS: str(rows),
-        summary_keys.NET_ROWS: str(net_rows),
-        summary_keys.SOURCE_OFFSETS: json.dumps({"files": len(files), "first": files[0], "last": files[-1]}),
-        summary_keys.LANDING_FILES: json.dumps(files),
-        summary_keys.MAX_EVENT_TIME: max(event_times) if event_times else "",
-        summary_keys.COMMITTER_EPOCH: str(epoch),
-        summary_keys.COMMITTER_RUN: run_id,
-    }
-
-
 @dataclass
 class CommitterPass:
     """One committer pass over one table: its engine, epoch and the table state it expects."""
@@ -216,11 +185,15 @@ class CommitterPass:
             paths=paths,
             table_identifier=table_identifier,
             run_id=run_id,
-            epoch=max((commit.epoch for commit in lakehouse_commits(table, branch)), default=0) + 1,
+            epoch=next_epoch(table, branch),
             expected_snapshot_id=head.snapshot_id if head else None,
             branch=branch,
             target=branch,
         )
+
+    @property
+    def stamp(self) -> summary_keys.CommitStamp:
+        return summary_keys.CommitStamp(self.epoch, self.run_id)
 
     def table(self) -> Table | None:
         return load_committed_table(self.config, self.paths, self.table_identifier)
@@ -264,38 +237,6 @@ def _ensure_staged_data(ctx: CommitterPass, stream: StreamSpec, record: BatchRec
     return ledger.batch(record.sequence)
 
 
-def commit_dead_letters(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> int:
-    """Commit the batches' rejected events to the stream's dead-letter table, and remove the dead
-    letters they replay, in one commit, unless the dead-letter table's ancestry has these batches.
-    Returns how many events the batches rejected."""
-    identifier = stream_dead_letter_identifier(stream)
-    directory = landing_dir(ctx.paths, stream)
-    replays = {record.sequence: replayed_keys(directory, record.minted.files) for record in batches}
-    count = sum(record.staged.rejected for record in batches)
-    if count == 0 and not any(replays.values()):
-        return 0
-    ensure_dead_letter_table(ctx.spark, identifier)
-    table = load_committed_table(ctx.config, ctx.paths, identifier)
-    already = committed_state(table, stream.name).sequence
-    pending = [r for r in batches if r.sequence > already and (r.staged.rejected or replays[r.sequence])]
-    if not pending:
-        return count
-    rejected = [record for record in pending if record.staged.rejected]
-    rows = sum(record.staged.rejected for record in rejected)
-    properties = _summary_properties(stream, pending, rows, rows, ctx.epoch, ctx.run_id)
-    new_rows = dead_letter_rows(ctx.spark, stream.name, rejected) if rejected else None
-    replayed = [key for record in pending for key in replays[record.sequence]]
-    head = branch_head(table, MAIN_BRANCH)
-    with _written_on_pass_branch(ctx, identifier, head.snapshot_id if head else None, MAIN_BRANCH) as branch:
-        if replayed:
-            properties[summary_keys.NET_ROWS] = str(rows - len(replayed))
-            view = f"lakehouse_dead_letters_{stream.name}_{pending[0].sequence}"
-            replace_dead_letters(ctx.spark, identifier, new_rows, replayed, properties, view, branch)
-        else:
-            append_rows(new_rows, identifier, properties, branch)
-    return count
-
-
 def _has_ready_batches(ctx: CommitterPass, streams: list[StreamSpec]) -> bool:
     """Whether any stream has a staged batch above what the target's ancestry holds (or a gap,
     which its stream's commit reports)."""
@@ -308,29 +249,6 @@ def _has_ready_batches(ctx: CommitterPass, streams: list[StreamSpec]) -> bool:
         except SequenceGapError:
             return True
     return False
-
-
-@contextmanager
-def _written_on_target(ctx: CommitterPass, identifier: str, head: int | None, target: str) -> Iterator[str]:
-    """``target`` itself, for a pass that writes nothing to the table (bookkeeping only)."""
-    yield target
-
-
-@contextmanager
-def _written_on_pass_branch(ctx: CommitterPass, identifier: str, head: int | None, target: str) -> Iterator[str]:
-    """The branch to write to: ``target`` itself, or, on a catalog that fences across hosts, a pass
-    branch created at ``head`` and published to ``target`` when the block succeeds (``pass_branches``)."""
-    if not uses_pass_branches(ctx.config):
-        yield target
-        return
-    name = pass_branch_name(ctx.epoch, ctx.run_id)
-    open_pass_branch(ctx.spark, identifier, name, head)
-    try:
-        yield name
-        crash_point(faults.COMMITTER_BEFORE_PUBLISH)
-        publish_pass_branch(ctx.spark, identifier, name, target)
-    finally:
-        drop_pass_branch(ctx.spark, identifier, name)
 
 
 def _is_commit_conflict(error: Exception) -> bool:
@@ -404,7 +322,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
     started = time.monotonic()
     batches = [_ensure_staged_data(ctx, stream, record) for record in batches]
     if ctx.target == MAIN_BRANCH:
-        dead_letters = commit_dead_letters(ctx, stream, batches)
+        dead_letters = commit_dead_letters(ctx.spark, ctx.config, ctx.paths, stream, batches, ctx.stamp)
         crash_point(faults.COMMITTER_AFTER_DEAD_LETTERS)
     else:
         # Audited batches send their dead letters when they are published: a discarded batch is
@@ -422,7 +340,8 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
     if keys:
         counts = count_changes(spark, identifier, staged, keys, ctx.branch, stream.order_column)
         rows = counts.inserted + counts.updated
-        properties = _summary_properties(stream, batches, rows, counts.inserted - counts.deleted, ctx.epoch, ctx.run_id)
+        net_rows = counts.inserted - counts.deleted
+        properties = summary_keys.commit_summary(stream.name, batches, rows, net_rows, ctx.stamp)
         properties.update(
             {
                 summary_keys.INSERTED: str(counts.inserted),
@@ -438,7 +357,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
     else:
         rows = sum(record.staged.rows for record in batches)
         counts = ChangeCounts(inserted=rows, updated=0, deleted=0)
-        properties = _summary_properties(stream, batches, rows, rows, ctx.epoch, ctx.run_id)
+        properties = summary_keys.commit_summary(stream.name, batches, rows, rows, ctx.stamp)
         write = partial(append_rows, staged.select(*columns), identifier, properties, ctx.branch)
     late_events = _record_completeness(ctx, stream, staged, properties)
     schema_change = columns_added_since_last_snapshot(ctx.table(), ctx.branch)
@@ -574,8 +493,12 @@ def commit_table(
             audit = _prepare_audit_branch(ctx)
             publish_waits = bool(audit and audit.awaiting_publish)
             fenced_by_catalog = uses_pass_branches(config) and not publish_waits and _has_ready_batches(ctx, streams)
-            through = _written_on_pass_branch if fenced_by_catalog else _written_on_target
-            with through(ctx, table_identifier, ctx.expected_snapshot_id, ctx.target) as branch:
+            through = (
+                written_on_pass_branch(spark, config, table_identifier, ctx.expected_snapshot_id, ctx.target, ctx.stamp)
+                if fenced_by_catalog
+                else nullcontext(ctx.target)
+            )
+            with through as branch:
                 if branch != ctx.target:
                     # A pass branch of a table with no snapshot yet starts at a new empty one.
                     ctx.branch = branch

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import reduce
+from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from lakehouse_assets import summary_keys
 from lakehouse_assets.batch_ledger import BatchRecord
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.conversion import rejected_events
-from lakehouse_assets.table_metadata import qualified_name
-from lakehouse_assets.table_writes import run_with_commit_properties
+from lakehouse_assets.landing import landing_dir
+from lakehouse_assets.pass_branches import written_on_pass_branch
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.recovery import MAIN_BRANCH, branch_head, committed_state
+from lakehouse_assets.summary_keys import CommitStamp
+from lakehouse_assets.table_metadata import load_committed_table, qualified_name
+from lakehouse_assets.table_writes import append_rows, run_with_commit_properties
 from lakehouse_assets.tables import MANAGED_TABLE_PROPERTIES
 
 DEAD_LETTER_SUFFIX = "_dead_letters"
+SIDECAR_SUFFIX = ".replay.json"
 KEY_COLUMNS = ("stream", "batch_sequence", "source_file", "source_line")
 DEAD_LETTER_COLUMNS = ("event", "reason", "stream", "batch_sequence", "source_file", "source_line", "recorded_at")
 
@@ -28,6 +37,22 @@ class DeadLetterKey:
     batch_sequence: int
     source_file: str
     source_line: int
+
+
+def sidecar_path(landing_file: Path) -> Path:
+    """The sidecar of a replay landing file: the dead letters it replays (a dot-name, so it is
+    never taken for events)."""
+    return landing_file.with_name(f".{landing_file.name}{SIDECAR_SUFFIX}")
+
+
+def replayed_keys(directory: Path, files: list[str]) -> list[DeadLetterKey]:
+    """The dead-letter rows that the given landing files replay (none for ordinary files)."""
+    keys = []
+    for name in files:
+        sidecar = sidecar_path(directory / name)
+        if sidecar.exists():
+            keys.extend(DeadLetterKey(**entry) for entry in json.loads(sidecar.read_text()))
+    return keys
 
 
 def dead_letter_identifier(table_identifier: str) -> str:
@@ -101,3 +126,44 @@ def replace_dead_letters(
         run_with_commit_properties(spark, statement, properties)
     finally:
         spark.catalog.dropTempView(view_name)
+
+
+def commit_dead_letters(
+    spark: SparkSession,
+    config: LakehouseConfig,
+    paths: LakehousePaths,
+    stream: StreamSpec,
+    batches: list[BatchRecord],
+    stamp: CommitStamp,
+) -> int:
+    """Commit the batches' rejected events to the stream's dead-letter table, and remove the dead
+    letters they replay, in one commit stamped ``stamp``, unless the dead-letter table's ancestry
+    has these batches. Returns how many events the batches rejected."""
+    identifier = stream_dead_letter_identifier(stream)
+    directory = landing_dir(paths, stream)
+    replays = {record.sequence: replayed_keys(directory, record.minted.files) for record in batches}
+    count = sum(record.staged.rejected for record in batches)
+    if count == 0 and not any(replays.values()):
+        return 0
+    ensure_dead_letter_table(spark, identifier)
+    table = load_committed_table(config, paths, identifier)
+    already = committed_state(table, stream.name).sequence
+    pending = [r for r in batches if r.sequence > already and (r.staged.rejected or replays[r.sequence])]
+    if not pending:
+        return count
+    rejected = [record for record in pending if record.staged.rejected]
+    rows = sum(record.staged.rejected for record in rejected)
+    properties = summary_keys.commit_summary(stream.name, pending, rows, rows, stamp)
+    new_rows = dead_letter_rows(spark, stream.name, rejected) if rejected else None
+    replayed = [key for record in pending for key in replays[record.sequence]]
+    head = branch_head(table, MAIN_BRANCH)
+    with written_on_pass_branch(
+        spark, config, identifier, head.snapshot_id if head else None, MAIN_BRANCH, stamp
+    ) as branch:
+        if replayed:
+            properties[summary_keys.NET_ROWS] = str(rows - len(replayed))
+            view = f"lakehouse_dead_letters_{stream.name}_{pending[0].sequence}"
+            replace_dead_letters(spark, identifier, new_rows, replayed, properties, view, branch)
+        else:
+            append_rows(new_rows, identifier, properties, branch)
+    return count

@@ -44,7 +44,7 @@ from lakehouse_assets.config import ColumnSpec, LakehouseConfig, StreamSpec
 from lakehouse_assets.errors import LakehouseError, SourceCheckpointError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.iceberg_types import iceberg_type_name
-from lakehouse_assets.landing import LANDING_SUFFIX, landing_dir
+from lakehouse_assets.landing import LANDING_SUFFIX, landing_dir, source_file_prefix
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.table_metadata import load_committed_table, qualified_name
@@ -318,12 +318,6 @@ def snapshot_changes(spark: SparkSession, stream: StreamSpec, table: Table, snap
     return _changelog(spark, stream, snapshot)
 
 
-def source_snapshot_of(landing_file: str) -> int | None:
-    """The source snapshot a landing file of an Iceberg source holds events of, from its name."""
-    parts = landing_file.split("-")
-    return int(parts[2]) if len(parts) == 4 and parts[1] in ("load", "changes") else None
-
-
 def _publish(
     spark: SparkSession,
     config: LakehouseConfig,
@@ -335,7 +329,7 @@ def _publish(
     """Write the snapshot's events once, then link them into the landing directory; returns the
     landing files and the events per operation (empty when an earlier run wrote them)."""
     # Names sort in snapshot order: by sequence number (format v2+), by commit time on v1 tables.
-    prefix = f"{snapshot.sequence_number or snapshot.timestamp_ms:020d}-{kind}-{snapshot.snapshot_id}"
+    prefix = source_file_prefix(snapshot.sequence_number or snapshot.timestamp_ms, kind, snapshot.snapshot_id)
     written = paths.staging(stream.name) / "source" / prefix
     counts: dict[str, int] = {}
     if not (written / "_SUCCESS").exists():

@@ -31,6 +31,18 @@ class LandingFile:
     landed_at: float
 
 
+def source_file_prefix(order: int, kind: str, snapshot_id: int) -> str:
+    """The name prefix of the landing files an Iceberg source writes for one source snapshot
+    (``kind``: ``load`` or ``changes``); ``order`` sorts snapshots in commit order."""
+    return f"{order:020d}-{kind}-{snapshot_id}"
+
+
+def source_snapshot_of(landing_file: str) -> int | None:
+    """The source snapshot a landing file of an Iceberg source holds events of, from its name."""
+    parts = landing_file.split("-")
+    return int(parts[2]) if len(parts) == 4 and parts[1] in ("load", "changes") else None
+
+
 def landing_dir(paths: LakehousePaths, stream: StreamSpec) -> Path:
     """The stream's landing directory: ``source.landing.path`` or ``$LAKEHOUSE_HOME/landing/<stream>``."""
     configured = stream.source.landing.path if stream.source.landing else None

@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
+from lakehouse_assets import faults
 from lakehouse_assets.branches import fast_forward
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.errors import FencedError
+from lakehouse_assets.faults import crash_point
+from lakehouse_assets.summary_keys import CommitStamp
 from lakehouse_assets.table_metadata import is_hadoop_catalog, qualified_name
 
 PASS_BRANCH_PREFIX = "lakehouse_pass_"
@@ -79,6 +83,26 @@ def publish_pass_branch(spark: SparkSession, identifier: str, name: str, target:
 def drop_pass_branch(spark: SparkSession, identifier: str, name: str) -> None:
     """Remove the pass branch (its published snapshots stay in the target's history)."""
     _swapped(lambda: spark.sql(f"ALTER TABLE {qualified_name(identifier)} DROP BRANCH IF EXISTS {name}"))
+
+
+@contextmanager
+def written_on_pass_branch(
+    spark: SparkSession, config: LakehouseConfig, identifier: str, head: int | None, target: str, stamp: CommitStamp
+) -> Iterator[str]:
+    """The branch to write the block's commits to: ``target`` itself, or, on a catalog that fences
+    across hosts, a pass branch created at ``head``, published to ``target`` when the block
+    succeeds (FencedError when another committer published first) and dropped either way."""
+    if not uses_pass_branches(config):
+        yield target
+        return
+    name = pass_branch_name(stamp.epoch, stamp.run_id)
+    open_pass_branch(spark, identifier, name, head)
+    try:
+        yield name
+        crash_point(faults.COMMITTER_BEFORE_PUBLISH)
+        publish_pass_branch(spark, identifier, name, target)
+    finally:
+        drop_pass_branch(spark, identifier, name)
 
 
 def abandoned_pass_branches(table: Table | None, now: float | None = None) -> list[str]:

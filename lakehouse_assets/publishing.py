@@ -20,13 +20,14 @@ from pyspark.sql import SparkSession
 from lakehouse_assets import faults
 from lakehouse_assets.batch_ledger import BatchRecord, StreamLedger
 from lakehouse_assets.branches import AuditState, audit_state, fast_forward, reset_audit_branch
-from lakehouse_assets.committer import CommitterPass, commit_dead_letters
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.dead_letters import commit_dead_letters
 from lakehouse_assets.errors import ConfigError, PublishRefusedError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.recovery import AUDIT_BRANCH, MAIN_BRANCH
+from lakehouse_assets.recovery import AUDIT_BRANCH, MAIN_BRANCH, next_epoch
+from lakehouse_assets.summary_keys import CommitStamp
 from lakehouse_assets.table_metadata import load_committed_table, qualified_name
 
 
@@ -96,13 +97,13 @@ def publish_table(
                 f"{table_identifier}: the audit branch is at snapshot {state.audit}, not the checked snapshot "
                 f"{snapshot_id}; run the checks on the new head first"
             )
-        ctx = CommitterPass.begin(spark, config, paths, table_identifier, run_id)
+        stamp = CommitStamp(next_epoch(load_committed_table(config, paths, table_identifier)), run_id)
         ranges = state.unpublished_ranges()
         dead_letters = 0
         for stream in streams:
             if stream.name in ranges:
                 batches = _audited_batches(paths, stream, *ranges[stream.name])
-                dead_letters += commit_dead_letters(ctx, stream, batches)
+                dead_letters += commit_dead_letters(spark, config, paths, stream, batches, stamp)
         crash_point(faults.PUBLISH_AFTER_DEAD_LETTERS)
         fast_forward(spark, table_identifier, MAIN_BRANCH, AUDIT_BRANCH)
         spark.catalog.refreshTable(qualified_name(table_identifier))

@@ -241,3 +241,8 @@ def committed_state(table: Table | None, stream: str, branch: str = MAIN_BRANCH)
     holders = [c.snapshot_id for c in history.commits if c.stream == stream and c.last_sequence == sequence]
     snapshot_id = holders[-1] if holders else (history.base.snapshot_id if sequence else None)
     return CommittedState(sequence=sequence, snapshot_id=snapshot_id, epoch=history.epoch)
+
+
+def next_epoch(table: Table | None, branch: str = MAIN_BRANCH) -> int:
+    """An epoch above every committer epoch in the branch's ancestry (1 for a new table)."""
+    return max((commit.epoch for commit in lakehouse_commits(table, branch)), default=0) + 1

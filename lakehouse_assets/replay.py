@@ -22,7 +22,7 @@ from pyiceberg.expressions import EqualTo
 
 from lakehouse_assets import faults
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
-from lakehouse_assets.dead_letters import DeadLetterKey, dead_letter_identifier
+from lakehouse_assets.dead_letters import DeadLetterKey, dead_letter_identifier, replayed_keys, sidecar_path
 from lakehouse_assets.errors import ConfigError, IngestError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.landing import landing_dir, list_landing_files, validated_lines, write_landing_file
@@ -30,7 +30,6 @@ from lakehouse_assets.locks import exclusive_lock, replay_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.table_metadata import load_committed_table
 
-SIDECAR_SUFFIX = ".replay.json"
 EVENTS_PER_FILE = 100_000
 
 
@@ -41,21 +40,6 @@ class ReplayReport:
     landed: dict[str, int]
     already_pending: int
     not_replayable: int
-
-
-def sidecar_path(landing_file: Path) -> Path:
-    """The sidecar of a replay landing file (a dot-name, so it is never taken for events)."""
-    return landing_file.with_name(f".{landing_file.name}{SIDECAR_SUFFIX}")
-
-
-def replayed_keys(directory: Path, files: list[str]) -> list[DeadLetterKey]:
-    """The dead-letter rows that the given landing files replay (none for ordinary files)."""
-    keys = []
-    for name in files:
-        sidecar = sidecar_path(directory / name)
-        if sidecar.exists():
-            keys.extend(DeadLetterKey(**entry) for entry in json.loads(sidecar.read_text()))
-    return keys
 
 
 def _pending_keys(directory: Path) -> set[DeadLetterKey]:

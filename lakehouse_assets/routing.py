@@ -28,24 +28,27 @@ from pyspark.sql import functions as F
 
 from lakehouse_assets import faults
 from lakehouse_assets.batch_ledger import EVENTS_DIR, BatchRecord, CommittedBatch, StagedBatch, StreamLedger
-from lakehouse_assets.committer import CommitterPass, commit_dead_letters
+from lakehouse_assets.committer import CommitResult, commit_table
 from lakehouse_assets.config import (
     ROUTED_TABLE,
     ROUTER_DEAD_LETTER_NAMESPACE,
     TEMPLATE_POINTER,
     LakehouseConfig,
     StreamSpec,
+    routed_stream_name,
 )
 from lakehouse_assets.conversion import read_landing_lines
-from lakehouse_assets.dead_letters import DEAD_LETTER_SUFFIX
+from lakehouse_assets.dead_letters import DEAD_LETTER_SUFFIX, commit_dead_letters, sidecar_path
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file, table_lock_file
+from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.replay import sidecar_path
+from lakehouse_assets.recovery import next_epoch
 from lakehouse_assets.staged_format import EVENT_COLUMN, LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN
-from lakehouse_assets.staging import input_links, landing_files, minted_record
-from lakehouse_assets.table_metadata import current_metadata_location
+from lakehouse_assets.staging import input_links, landing_files, minted_record, stage_batch
+from lakehouse_assets.summary_keys import CommitStamp
+from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 
 ROUTE_COLUMN = "_lakehouse_route"
 ROUTES_DIR = "routes"
@@ -194,9 +197,9 @@ def _commit_unroutable(
     dead-letter table, unless its ancestry has the batch; returns the table's snapshot."""
     identifier = stream.router_dead_letter_identifier
     with exclusive_lock(table_lock_file(paths.locks, identifier)):
-        ctx = CommitterPass.begin(spark, config, paths, identifier, run_id)
-        commit_dead_letters(ctx, stream, [record])
-        table = ctx.table()
+        stamp = CommitStamp(next_epoch(load_committed_table(config, paths, identifier)), run_id)
+        commit_dead_letters(spark, config, paths, stream, [record], stamp)
+        table = load_committed_table(config, paths, identifier)
     return table.current_snapshot().snapshot_id if table and table.current_snapshot() else None
 
 
@@ -243,3 +246,26 @@ def _remove_routed_landing_files(paths: LakehousePaths, stream: StreamSpec, ledg
             for name in record.minted.files:
                 (directory / name).unlink(missing_ok=True)
                 sidecar_path(directory / name).unlink(missing_ok=True)
+
+
+def commit_new_routes(
+    spark: SparkSession,
+    config: LakehouseConfig,
+    paths: LakehousePaths,
+    router: StreamSpec,
+    tables: list[str],
+    run_id: str,
+) -> list[CommitResult]:
+    """Mint, stage and commit every route to ``tables``, routed tables that have no committer of
+    their own yet; the derived streams' ledgers, locks and fencing make this safe next to any
+    other committer. Returns the commits."""
+    commits = []
+    for table in tables:
+        stream = config.stream(routed_stream_name(router.name, table))
+        while mint_next_batch(config, paths, stream, drain=True)[0] is not None:
+            pass
+        for record in StreamLedger(paths.staging(stream.name)).batches():
+            if record.staged is None:
+                stage_batch(spark, config, paths, stream, record.sequence, run_id=run_id)
+        commits.extend(commit_table(spark, config, paths, table, run_id).results)
+    return commits

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakehouse_assets.config import StreamSpec
-from lakehouse_assets.iceberg_source import METADATA_FIELDS, source_snapshot_of
-from lakehouse_assets.landing import LANDING_SUFFIX, landing_dir, list_landing_files
+from lakehouse_assets.iceberg_source import METADATA_FIELDS
+from lakehouse_assets.landing import LANDING_SUFFIX, landing_dir, list_landing_files, source_snapshot_of
 from lakehouse_assets.paths import LakehousePaths
 
 BULK_SUFFIX = ".bulk.ndjson"

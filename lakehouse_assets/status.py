@@ -12,7 +12,7 @@ from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.branches import audit_state
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.defs import names
-from lakehouse_assets.defs.checks import blocking_check_names
+from lakehouse_assets.defs.check_status import blocking_check_names
 from lakehouse_assets.iceberg_source import load_source_table, read_cursor
 from lakehouse_assets.lag import stream_lag_seconds
 from lakehouse_assets.micro_batching import backpressure, pending_files

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,3 +84,14 @@ def postgres() -> Iterator[PostgresServer]:
     """A throwaway PostgreSQL server for the tests that need a real catalog database."""
     with postgres_server() as server:
         yield server
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The unit tier (``-m "not spark"``, ``make unit``) needs no JVM: fail it if a test started one."""
+    if "not spark" not in session.config.option.markexpr or "pyspark" not in sys.modules:
+        return
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None:
+        session.config.get_terminal_writer().line("a test outside the spark marker started a JVM", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

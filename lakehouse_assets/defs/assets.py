@@ -11,16 +11,15 @@ from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.branches import AuditState
 from lakehouse_assets.committer import CommitPass, CommitResult, commit_table, seconds_until_commit_due
 from lakehouse_assets.completeness import complete_days, table_watermark
-from lakehouse_assets.config import StreamSpec, routed_stream_name
+from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.defs import names
-from lakehouse_assets.defs.publishing import failed_checks
+from lakehouse_assets.defs.check_status import failed_checks
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import SequenceGapError
 from lakehouse_assets.lag import stream_lag_seconds
-from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.recovery import AUDIT_BRANCH, table_history
-from lakehouse_assets.routing import route_batches
+from lakehouse_assets.routing import commit_new_routes, route_batches
 from lakehouse_assets.staging import minted_record, stage_batch
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets.table_stats import table_stats
@@ -112,7 +111,18 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
                 events[table] = events.get(table, 0) + count
         new_tables = sorted(set(events) - loaded_tables)
         if new_tables and not lakehouse.until_idle:
-            _commit_new_routes(context, lakehouse, spark, router, new_tables)
+            # Dagster cannot add sensors to a loaded code location: until it is reloaded, this run
+            # commits the new tables.
+            for table in new_tables:
+                context.log.warning(
+                    f"{table} is a new routed table: committed by this run; reload the code location to give it "
+                    "its own sensors, checks and maintenance"
+                )
+            commits = spark.run(lakehouse, commit_new_routes, settings, paths, router, new_tables, context.run.run_id)
+            for result in commits:
+                context.log_event(
+                    dg.AssetMaterialization(names.table_key(result.table), metadata=commit_metadata(result))
+                )
         return dg.MaterializeResult(
             metadata={
                 "sequence": config.sequence,
@@ -125,36 +135,6 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
         )
 
     return routed_batches
-
-
-def _commit_new_routes(
-    context: dg.AssetExecutionContext,
-    lakehouse: LakehouseResource,
-    spark: SparkResource,
-    router: StreamSpec,
-    tables: list[str],
-) -> None:
-    """Stage and commit the routes to tables the loaded definitions have no committer for yet.
-
-    Dagster cannot add sensors to a loaded code location, so until it is reloaded this run commits
-    the new tables itself and reports their materializations; the derived streams' ledgers, locks
-    and fencing make this safe next to any other committer.
-    """
-    config, paths = lakehouse.config(), lakehouse.paths()
-    for table in tables:
-        context.log.warning(
-            f"{table} is a new routed table: committed by this run; reload the code location to give it "
-            "its own sensors, checks and maintenance"
-        )
-        stream = config.stream(routed_stream_name(router.name, table))
-        while mint_next_batch(config, paths, stream, drain=True)[0] is not None:
-            pass
-        for record in StreamLedger(paths.staging(stream.name)).batches():
-            if record.staged is None:
-                spark.run(lakehouse, stage_batch, config, paths, stream, record.sequence, run_id=context.run.run_id)
-        outcome = spark.run(lakehouse, commit_table, config, paths, table, context.run.run_id)
-        for result in outcome.results:
-            context.log_event(dg.AssetMaterialization(names.table_key(table), metadata=commit_metadata(result)))
 
 
 def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:

@@ -9,9 +9,10 @@ import dagster as dg
 
 from lakehouse_assets import checks
 from lakehouse_assets.batch_ledger import StreamLedger
-from lakehouse_assets.config import ExpectationSpec, StreamSpec
+from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.defs import names
+from lakehouse_assets.defs.check_status import blocking_check_names, blocking_expectations
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.duck import iceberg_connection
 from lakehouse_assets.lag import stream_lag_seconds
@@ -71,23 +72,6 @@ def _snapshot_check(
         return _result(verify(snapshot), snapshot)
 
     return _check
-
-
-def blocking_expectations(streams: list[StreamSpec]) -> list[ExpectationSpec]:
-    """The expectations a commit must meet (``on_failure: block``), once per name."""
-    found: dict[str, ExpectationSpec] = {}
-    for stream in streams:
-        for expectation in stream.expectations:
-            if expectation.on_failure == "block":
-                found.setdefault(expectation.name, expectation)
-    return list(found.values())
-
-
-def blocking_check_names(streams: list[StreamSpec]) -> list[str]:
-    """The checks that must pass on a snapshot before it is published."""
-    change_checks = names.CHANGE_CHECK_NAMES if any(stream.applies_changes for stream in streams) else ()
-    expectations = (names.EXPECTATIONS_CHECK,) if blocking_expectations(streams) else ()
-    return [*names.CHECK_NAMES, *change_checks, *expectations]
 
 
 def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.AssetChecksDefinition]:

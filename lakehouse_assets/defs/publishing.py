@@ -11,48 +11,11 @@ import dagster as dg
 
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
-from lakehouse_assets.defs.checks import blocking_check_names, committed_snapshot
+from lakehouse_assets.defs.check_status import checks_not_passed
+from lakehouse_assets.defs.checks import committed_snapshot
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import PublishRefusedError
 from lakehouse_assets.publishing import discard_audited, publish_table
-
-EVALUATIONS_SEARCHED = 20
-"""Check records read back to find the latest evaluation past runs that only planned the check."""
-
-
-def latest_evaluation(instance: dg.DagsterInstance, check: dg.AssetCheckKey) -> dg.AssetCheckEvaluation | None:
-    """The check's latest evaluation. A check that a run only planned so far (the run in progress,
-    or one that died before the check ran) has a newer record without an evaluation; it is passed over."""
-    for record in instance.event_log_storage.get_asset_check_execution_history(check, limit=EVALUATIONS_SEARCHED):
-        if isinstance(record.evaluation, dg.AssetCheckEvaluation):
-            return record.evaluation
-    return None
-
-
-def checks_not_passed(
-    instance: dg.DagsterInstance, table_identifier: str, streams: list[StreamSpec], snapshot_id: int
-) -> dict[str, str]:
-    """The blocking checks whose latest evaluation did not pass on ``snapshot_id``, with what they
-    found (or that they have not run on it)."""
-    asset_key = names.table_key(table_identifier)
-    problems = {}
-    for name in blocking_check_names(streams):
-        evaluation = latest_evaluation(instance, dg.AssetCheckKey(asset_key, name))
-        checked = evaluation.metadata.get("snapshot_id") if evaluation else None
-        if evaluation is None or checked is None or checked.value != str(snapshot_id):
-            problems[name] = f"has not run on snapshot {snapshot_id}"
-        elif not evaluation.passed:
-            found = evaluation.metadata.get("found")
-            problems[name] = f"failed: {found.value if found else evaluation.description}"
-    return problems
-
-
-def failed_checks(
-    instance: dg.DagsterInstance, table_identifier: str, streams: list[StreamSpec], snapshot_id: int
-) -> dict[str, str]:
-    """The blocking checks that ran on ``snapshot_id`` and failed."""
-    problems = checks_not_passed(instance, table_identifier, streams, snapshot_id)
-    return {name: found for name, found in problems.items() if found.startswith("failed")}
 
 
 def published_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDefinition:

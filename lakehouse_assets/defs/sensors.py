@@ -10,7 +10,7 @@ from lakehouse_assets.committer import plan_commit, seconds_until_commit_due
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import StagedBatchConfig
-from lakehouse_assets.defs.publishing import failed_checks
+from lakehouse_assets.defs.check_status import failed_checks
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.recovery import committed_state

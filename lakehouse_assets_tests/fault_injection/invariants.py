@@ -24,12 +24,11 @@ from pyiceberg.table.snapshots import ancestors_of
 from lakehouse_assets import checks, summary_keys
 from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.config import LakehouseConfig
-from lakehouse_assets.dead_letters import dead_letter_identifier
+from lakehouse_assets.dead_letters import dead_letter_identifier, replayed_keys
 from lakehouse_assets.duck import iceberg_connection, manifest_entries, scan
 from lakehouse_assets.landing import landing_dir, list_landing_files
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import committed_landing_files, committed_state
-from lakehouse_assets.replay import replayed_keys
 from lakehouse_assets.staged_format import DELETE, OPERATION_BY_NAME
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 
