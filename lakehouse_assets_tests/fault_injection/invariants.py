@@ -28,7 +28,7 @@ from lakehouse_assets.dead_letters import dead_letter_identifier, replayed_keys
 from lakehouse_assets.duck import iceberg_connection, manifest_entries, scan
 from lakehouse_assets.landing import landing_dir, list_landing_files
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.recovery import committed_landing_files, committed_state
+from lakehouse_assets.recovery import committed_landing_files, committed_state, lakehouse_commits
 from lakehouse_assets.staged_format import DELETE, OPERATION_BY_NAME
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 
@@ -149,3 +149,13 @@ def invariant_violations(config: LakehouseConfig, paths: LakehousePaths) -> list
         if unclaimed:
             problems.append(f"stream {stream.name}: {len(unclaimed)} landed files are not in a committed batch")
     return problems
+
+
+def each_batch_committed_once(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> bool:
+    """Whether the table's commits name every batch of each stream once, in order."""
+    batches = [
+        (commit.stream, sequence)
+        for commit in lakehouse_commits(load_committed_table(config, paths, identifier))
+        for sequence in range(commit.first_sequence, commit.last_sequence + 1)
+    ]
+    return batches == sorted(set(batches))

@@ -132,3 +132,13 @@ def start_lakehouse_process(arguments: list[str], extra_env: dict[str, str], log
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def run_two_pipelines_at_once(logs: Path) -> None:
+    """Run two ``lakehouse run --until-idle`` at once (both must succeed), then one more: a
+    committer fenced by the other leaves its batches for the next pass."""
+    first = start_pipeline_process({}, logs / "first.log")
+    second = start_pipeline_process({}, logs / "second.log")
+    assert first.wait(timeout=600) == 0, (logs / "first.log").read_text()[-3000:]
+    assert second.wait(timeout=600) == 0, (logs / "second.log").read_text()[-3000:]
+    assert run_pipeline_process().returncode == 0

@@ -17,29 +17,19 @@ from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.recovery import lakehouse_commits
 from lakehouse_assets.runner import IN_PROCESS_SPARK
 from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
-from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
+from lakehouse_assets_tests.fault_injection.invariants import each_batch_committed_once, invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
     kill_at_then_restart,
     land_round,
     remove_staged_parquet,
     run_pipeline_process,
-    start_pipeline_process,
+    run_two_pipelines_at_once,
 )
 
 pytestmark = pytest.mark.spark
-
-
-def _commits_per_batch(config, paths, identifier):
-    sequences = [
-        sequence
-        for commit in lakehouse_commits(load_committed_table(config, paths, identifier))
-        for sequence in range(commit.first_sequence, commit.last_sequence + 1)
-    ]
-    return sequences == sorted(set(sequences))
 
 
 @pytest.mark.parametrize("point", faults.CRASH_POINTS)
@@ -77,7 +67,7 @@ def test_an_error_after_a_commit_landed_is_decided_by_the_ancestry(config, paths
 
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert invariant_violations(config, paths) == []
-    assert _commits_per_batch(config, paths, "crm.customers")
+    assert each_batch_committed_once(config, paths, "crm.customers")
 
 
 def test_a_failed_commit_keeps_staged_data_for_the_next_run(config, paths):
@@ -96,16 +86,11 @@ def test_two_pipelines_at_once_commit_each_batch_once(config, paths, tmp_path):
     for round_number in (1, 2):
         land_round(config, paths, round_number)
 
-    first = start_pipeline_process({}, tmp_path / "first.log")
-    second = start_pipeline_process({}, tmp_path / "second.log")
-    assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-3000:]
-    assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
-    # A committer fenced by the other leaves its batches for the next pass.
-    assert run_pipeline_process().returncode == 0
+    run_two_pipelines_at_once(tmp_path)
 
     assert invariant_violations(config, paths) == []
-    assert _commits_per_batch(config, paths, "sales.orders")
-    assert _commits_per_batch(config, paths, "crm.customers")
+    assert each_batch_committed_once(config, paths, "sales.orders")
+    assert each_batch_committed_once(config, paths, "crm.customers")
 
 
 STALE_COMMITTER = """
@@ -162,7 +147,7 @@ def test_a_stale_committer_is_fenced_and_commits_nothing(config, paths, instance
     assert stale.returncode == 0, output[-3000:]
     assert "stopping without committing" in output and "COMMITS: 0" in output
     assert invariant_violations(config, paths) == []
-    assert _commits_per_batch(config, paths, "sales.orders")
+    assert each_batch_committed_once(config, paths, "sales.orders")
 
 
 def test_a_rolled_back_table_gets_its_batches_again(config, paths):

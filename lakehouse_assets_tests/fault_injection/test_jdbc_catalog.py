@@ -17,17 +17,17 @@ import yaml
 from lakehouse_assets import faults
 from lakehouse_assets.config import load_config
 from lakehouse_assets.paths import STORAGE_ROOT_ENV, LakehousePaths
-from lakehouse_assets.recovery import lakehouse_commits
 from lakehouse_assets.spark import DRIVER_MEMORY_ENV, MASTER_ENV
 from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
-from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
+from lakehouse_assets_tests.fault_injection.invariants import each_batch_committed_once, invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
     PIPELINE,
     kill_at_then_restart,
     land_round,
     run_lakehouse_process,
     run_pipeline_process,
+    run_two_pipelines_at_once,
     start_pipeline_process,
 )
 from lakehouse_assets_tests.postgres_server import SERVER_USER, PostgresServer, jdbc_driver_jar
@@ -95,15 +95,6 @@ def _catalog_rows(server: PostgresServer) -> dict[str, str]:
         connection.close()
 
 
-def _commits_per_batch_once(config, paths, identifier):
-    sequences = [
-        (commit.stream, sequence)
-        for commit in lakehouse_commits(load_committed_table(config, paths, identifier))
-        for sequence in range(commit.first_sequence, commit.last_sequence + 1)
-    ]
-    return len(sequences) == len(set(sequences))
-
-
 def _files_containing(root: Path, needle: str) -> list[Path]:
     found = []
     for path in root.rglob("*"):
@@ -144,7 +135,7 @@ def test_both_pipelines_run_on_a_standalone_cluster_with_the_jdbc_catalog(config
 
     assert invariant_violations(config, paths) == []
     for identifier in TABLES:
-        assert _commits_per_batch_once(config, paths, identifier), identifier
+        assert each_batch_committed_once(config, paths, identifier), identifier
 
 
 def test_a_pipeline_killed_after_its_commit_recovers_exactly_once(config, paths):
@@ -159,15 +150,11 @@ def test_two_committers_racing_commit_each_batch_once(config, paths, tmp_path):
     for round_number in (1, 2):
         land_round(config, paths, round_number)
 
-    first = start_pipeline_process({}, tmp_path / "first.log")
-    second = start_pipeline_process({}, tmp_path / "second.log")
-    assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-3000:]
-    assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
-    assert run_pipeline_process().returncode == 0
+    run_two_pipelines_at_once(tmp_path)
 
     assert invariant_violations(config, paths) == []
     for identifier in TABLES:
-        assert _commits_per_batch_once(config, paths, identifier), identifier
+        assert each_batch_committed_once(config, paths, identifier), identifier
 
 
 def test_maintenance_with_expiry_keeps_recovery_exactly_once(config, paths):
@@ -217,4 +204,4 @@ def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point
     assert run_pipeline_process().returncode == 0
     assert invariant_violations(config, paths) == []
     for identifier in TABLES:
-        assert _commits_per_batch_once(config, paths, identifier), identifier
+        assert each_batch_committed_once(config, paths, identifier), identifier
