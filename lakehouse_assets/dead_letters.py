@@ -15,7 +15,7 @@ from lakehouse_assets.batch_ledger import BatchRecord
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.conversion import rejected_events
 from lakehouse_assets.landing import landing_dir
-from lakehouse_assets.pass_branches import written_on_pass_branch
+from lakehouse_assets.pass_branches import abandoned_pass_branches, drop_pass_branch, written_on_pass_branch
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import MAIN_BRANCH, branch_head, committed_state
 from lakehouse_assets.summary_keys import CommitStamp
@@ -156,6 +156,8 @@ def commit_dead_letters(
     properties = summary_keys.commit_summary(stream.name, pending, rows, rows, stamp)
     new_rows = dead_letter_rows(spark, stream.name, rejected) if rejected else None
     replayed = [key for record in pending for key in replays[record.sequence]]
+    for abandoned in abandoned_pass_branches(table):
+        drop_pass_branch(spark, identifier, abandoned)
     head = branch_head(table, MAIN_BRANCH)
     with written_on_pass_branch(
         spark, config, identifier, head.snapshot_id if head else None, MAIN_BRANCH, stamp

@@ -111,4 +111,8 @@ def abandoned_pass_branches(table: Table | None, now: float | None = None) -> li
         return []
     cutoff = ((time.time() if now is None else now) - ABANDONED_AFTER_SECONDS) * 1000
     heads = {name: table.metadata.snapshot_by_id(ref.snapshot_id) for name, ref in table.metadata.refs.items()}
-    return [name for name, head in heads.items() if name.startswith(PASS_BRANCH_PREFIX) and head.timestamp_ms < cutoff]
+    return [
+        name
+        for name, head in heads.items()
+        if name.startswith(PASS_BRANCH_PREFIX) and head is not None and head.timestamp_ms < cutoff
+    ]

@@ -35,8 +35,8 @@ def is_hadoop_catalog(config: LakehouseConfig) -> bool:
 
 
 def warehouse_location(config: LakehouseConfig, paths: LakehousePaths) -> str | None:
-    """The catalog's warehouse: the configured one, else ``$LAKEHOUSE_HOME/warehouse`` for the
-    catalogs that need one from us (hadoop, jdbc), else None (a REST or Glue catalog knows its own)."""
+    """The catalog's warehouse: the configured one, else ``warehouse/`` under the storage root for
+    the catalogs that need one from us (hadoop, jdbc), else None (a REST or Glue catalog knows its own)."""
     if "warehouse" in config.catalog:
         return config.catalog["warehouse"]
     return str(paths.warehouse) if catalog_type(config.catalog) in WAREHOUSE_TYPES else None

@@ -118,7 +118,11 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
                     f"{table} is a new routed table: committed by this run; reload the code location to give it "
                     "its own sensors, checks and maintenance"
                 )
-            commits = spark.run(lakehouse, commit_new_routes, settings, paths, router, new_tables, context.run.run_id)
+            # The configuration read again: routing gave each new table its derived stream.
+            routed_settings = lakehouse.config()
+            commits = spark.run(
+                lakehouse, commit_new_routes, routed_settings, paths, router, new_tables, context.run.run_id
+            )
             for result in commits:
                 context.log_event(
                     dg.AssetMaterialization(names.table_key(result.table), metadata=commit_metadata(result))
