@@ -62,27 +62,45 @@ def _selected_tables(config: LakehouseConfig, table: str | None) -> list[str]:
     return [table]
 
 
+def _maintenance_runs(config: LakehouseConfig, tables: list[str]) -> list[tuple[str, str, dict, list[str]]]:
+    """The maintenance runs that cover ``tables``: (job, op, run config, tables) per table, and one
+    per router for the tables its committer drives."""
+    runs, routed = [], {}
+    for table in tables:
+        router = config.router_of(table)
+        if router:
+            routed.setdefault(router, []).append(table)
+        else:
+            runs.append((names.maintenance_job_name(table), names.maintenance_op_name(table), {}, [table]))
+    for router, selected in routed.items():
+        op = names.routed_maintenance_op_name(router)
+        run_config = {"ops": {op: {"config": {"tables": selected}}}}
+        runs.append((names.routed_maintenance_job_name(router), op, run_config, selected))
+    return runs
+
+
 def _maintain(args: argparse.Namespace) -> int:
     paths, config = LakehousePaths.from_env(), load_config()
     tables = _selected_tables(config, args.table)
     repository = build_definitions(config).get_repository_def()
     failed = 0
     with dagster_instance(paths) as instance:
-        for table in tables:
-            result = run_job(repository.get_job(names.maintenance_job_name(table)), instance)
-            for observation in result.asset_observations_for_node(names.maintenance_op_name(table)):
+        for job_name, op_name, run_config, covered in _maintenance_runs(config, tables):
+            result = run_job(repository.get_job(job_name), instance, run_config)
+            for observation in result.asset_observations_for_node(op_name):
                 figures = ", ".join(f"{key} {entry.value}" for key, entry in observation.metadata.items())
-                print(f"{table}: {figures}")
+                print(f"{observation.asset_key.to_user_string().replace('/', '.')}: {figures}")
             if not result.success:
                 failed += 1
-                print(f"{table}: maintenance run {result.run_id} FAILED; see `dagster dev` for its logs")
+                print(f"{', '.join(covered)}: maintenance run {result.run_id} FAILED; see `dagster dev` for its logs")
     return 1 if failed else 0
 
 
 def _print_check_results(table: str, check_names: list[str], result: dg.ExecuteInProcessResult) -> int:
-    """One line per check of the run: passed, FAILED with what it found, or ERROR (no verdict);
-    returns how many did not pass."""
-    evaluations = {evaluation.check_name: evaluation for evaluation in result.get_asset_check_evaluations()}
+    """One line per check of the table in the run: passed, FAILED with what it found, or ERROR (no
+    verdict); returns how many did not pass."""
+    key = names.table_key(table)
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations() if e.asset_key == key}
     for name in check_names:
         evaluation = evaluations.get(name)
         if evaluation is None:
@@ -92,18 +110,38 @@ def _print_check_results(table: str, check_names: list[str], result: dg.ExecuteI
     return sum(1 for name in check_names if name not in evaluations or not evaluations[name].passed)
 
 
+def _check_runs(
+    definitions: dg.Definitions, config: LakehouseConfig, tables: list[str]
+) -> list[tuple[dg.JobDefinition, dict, list[str]]]:
+    """The runs that check ``tables`` on their current snapshots: (job, run config, tables) per
+    table, and one per router for the tables its committer drives."""
+    runs, routed = [], {}
+    for table in tables:
+        router = config.router_of(table)
+        if router:
+            routed.setdefault(router, []).append(table)
+        else:
+            runs.append((definitions.resolve_job_def(names.check_job_name(table)), {}, [table]))
+    for router, selected in routed.items():
+        run_config = {"ops": {names.routed_tables_op(router): {"config": {"tables": selected}}}}
+        runs.append((definitions.resolve_job_def(names.routed_check_job_name(router)), run_config, selected))
+    return runs
+
+
 def _check(args: argparse.Namespace) -> int:
     paths, config = LakehousePaths.from_env(), load_config()
-    tables = _selected_tables(config, args.table)
-    definitions = build_definitions(config)
+    tables = []
+    for table in _selected_tables(config, args.table):
+        if current_snapshot(config, paths, table) is None:
+            print(f"{table}: no snapshot yet; nothing to check")
+        else:
+            tables.append(table)
     not_passed = 0
     with dagster_instance(paths) as instance:
-        for table in tables:
-            if current_snapshot(config, paths, table) is None:
-                print(f"{table}: no snapshot yet; nothing to check")
-                continue
-            result = run_job(definitions.resolve_job_def(names.check_job_name(table)), instance)
-            not_passed += _print_check_results(table, blocking_check_names(config.tables()[table]), result)
+        for job, run_config, covered in _check_runs(build_definitions(config), config, tables):
+            result = run_job(job, instance, run_config)
+            for table in covered:
+                not_passed += _print_check_results(table, blocking_check_names(config.tables()[table]), result)
     print(f"{not_passed} blocking checks did not pass" if not_passed else "every blocking check passed")
     return 1 if not_passed else 0
 

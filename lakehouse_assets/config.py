@@ -587,6 +587,16 @@ class LakehouseConfig(_Strict):
         """The streams whose ``table_identifier`` is an expression."""
         return [stream for stream in self.streams if stream.is_router]
 
+    def routed_tables(self, router: str) -> dict[str, list[StreamSpec]]:
+        """The tables whose committer is ``router``'s (see ``router_of``), with their derived streams."""
+        return {table: streams for table, streams in self.tables().items() if _driving_router(streams) == router}
+
+    def router_of(self, table_identifier: str) -> str | None:
+        """The router whose one committer drives ``table_identifier`` with all its other tables: the
+        table is written only by that router's derived streams, published directly. A table that
+        another stream or router also writes, or that is audited, keeps a committer of its own."""
+        return _driving_router(self.tables()[table_identifier])
+
     def with_routes(self, routes: Path) -> LakehouseConfig:
         """This configuration plus one derived stream per table a router has routed events to.
 
@@ -603,6 +613,13 @@ class LakehouseConfig(_Strict):
             tables = sorted(entry.name for entry in entries if entry.is_dir() and is_routed_table(entry.name))
             derived.extend(routed_stream(router, table, directory / table) for table in tables)
         return self.model_copy(update={"streams": [*self.streams, *derived]}) if derived else self
+
+
+def _driving_router(streams: list[StreamSpec]) -> str | None:
+    routers = {stream.routed_from for stream in streams}
+    if len(routers) != 1 or None in routers or streams[0].publish == "audit":
+        return None
+    return routers.pop()
 
 
 def is_table_identifier(value: str) -> bool:

@@ -64,6 +64,9 @@ _ROW_ID = "_lakehouse_row_id"
 _SPLIT_LINES = "_lakehouse_split_lines"
 _SPLIT_FIRST_ROW = "_lakehouse_split_first_row"
 _LINES_BEFORE = "_lakehouse_lines_before"
+_POSITION = "_lakehouse_file_position"
+BATCH_COLUMN = "_lakehouse_batch"
+"""Which batch a line belongs to when the batches of many streams are read at once."""
 # Java regular expressions for ``rlike``: ``\z`` is the very end (``$`` also matches before a final
 # line break).
 INTEGER_TEXT = r"^\s*-?\d+\s*\z"
@@ -251,7 +254,9 @@ def _linked(files: list[str], links: Path) -> list[str]:
     return linked
 
 
-def read_landing_lines(spark: SparkSession, files: list[str], links: Path) -> DataFrame:
+def read_landing_lines(
+    spark: SparkSession, files: list[str], links: Path, batch_of_file: list[int] | None = None
+) -> DataFrame:
     """One row per line of the files that is not blank (spaces, tabs, a carriage return): its text
     (without a byte order mark), file name and 1-based line number. Names are data: Spark reads the
     files through links in ``links`` named by position, and each line keeps its file's own name.
@@ -262,6 +267,10 @@ def read_landing_lines(spark: SparkSession, files: list[str], links: Path) -> Da
     place in its own split. The place comes from ``monotonically_increasing_id``, which counts a
     partition's rows in reading order; it is taken before any filter (Spark pushes no filter
     below it), and both passes plan the same splits, so it is the same in both.
+
+    With ``batch_of_file`` (one number per file), the batches of many streams are read at once
+    (files of different directories may share a name): each row also carries its file's batch
+    number in ``BATCH_COLUMN``.
     """
     names = F.array(*[F.lit(Path(file).name) for file in files])
     position = F.substring(F.col("_metadata.file_name"), 1, LINK_DIGITS).cast("int") + 1
@@ -276,24 +285,28 @@ def read_landing_lines(spark: SparkSession, files: list[str], links: Path) -> Da
             .otherwise(text)
             .alias(EVENT_COLUMN),
             F.element_at(names, position).alias(SOURCE_FILE_COLUMN),
+            position.alias(_POSITION),
             F.col("_metadata.file_block_start").alias(_SPLIT),
             F.monotonically_increasing_id().alias(_ROW_ID),
         )
     )
-    splits = raw.groupBy(SOURCE_FILE_COLUMN, _SPLIT).agg(
+    splits = raw.groupBy(_POSITION, _SPLIT).agg(
         F.count(F.lit(1)).alias(_SPLIT_LINES), F.min(_ROW_ID).alias(_SPLIT_FIRST_ROW)
     )
-    earlier_splits = Window.partitionBy(SOURCE_FILE_COLUMN).orderBy(_SPLIT)
+    earlier_splits = Window.partitionBy(_POSITION).orderBy(_SPLIT)
     offsets = splits.select(
-        SOURCE_FILE_COLUMN,
+        _POSITION,
         _SPLIT,
         _SPLIT_FIRST_ROW,
         (F.sum(_SPLIT_LINES).over(earlier_splits) - F.col(_SPLIT_LINES)).alias(_LINES_BEFORE),
     )
-    numbered = raw.join(F.broadcast(offsets), [SOURCE_FILE_COLUMN, _SPLIT])
+    numbered = raw.join(F.broadcast(offsets), [_POSITION, _SPLIT])
     line = F.col(_LINES_BEFORE) + F.col(_ROW_ID) - F.col(_SPLIT_FIRST_ROW) + 1
     blank = F.expr(f"btrim({EVENT_COLUMN}, ' \\t\\r')") == F.lit("")
-    return numbered.where(~blank).select(EVENT_COLUMN, SOURCE_FILE_COLUMN, line.alias(LINE_COLUMN))
+    columns = [F.col(EVENT_COLUMN), F.col(SOURCE_FILE_COLUMN), line.alias(LINE_COLUMN)]
+    if batch_of_file is not None:
+        columns.append(F.element_at(F.array(*map(F.lit, batch_of_file)), F.col(_POSITION)).alias(BATCH_COLUMN))
+    return numbered.where(~blank).select(*columns)
 
 
 def convert_events(
@@ -311,6 +324,7 @@ def convert_events(
         EVENT_COLUMN,
         SOURCE_FILE_COLUMN,
         LINE_COLUMN,
+        *([BATCH_COLUMN] if BATCH_COLUMN in lines.columns else []),
         shape.row.alias(_ROW),
         shape.raw_operation.alias(_RAW_OPERATION),
         shape.operation.alias(OPERATION_COLUMN),

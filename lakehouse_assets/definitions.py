@@ -10,9 +10,16 @@ from lakehouse_assets.defs.assets import complete_days_asset, router_asset, stag
 from lakehouse_assets.defs.checks import check_job, table_checks
 from lakehouse_assets.defs.freshness import freshness_job, freshness_schedules
 from lakehouse_assets.defs.iceberg_source import source_assets, source_job, source_sensor
-from lakehouse_assets.defs.maintenance import maintenance_job, maintenance_schedules
+from lakehouse_assets.defs.maintenance import maintenance_job, maintenance_schedules, routed_maintenance_job
 from lakehouse_assets.defs.publishing import discard_job, publish_job, published_asset
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.defs.routed_tables import (
+    routed_check_job,
+    routed_commit_job,
+    routed_freshness_job,
+    routed_tables_asset,
+    routed_tables_sensor,
+)
 from lakehouse_assets.defs.sensors import landing_sensor, staged_batches_sensor
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.tables import require_static_tables
@@ -20,7 +27,9 @@ from lakehouse_assets.tables import require_static_tables
 
 def build_definitions(config: LakehouseConfig) -> dg.Definitions:
     """Per stream a writer asset, job (stage, then commit) and landing sensor (and for an Iceberg
-    source its change export, search export, job and polling sensor); per table a committer asset,
+    source its change export, search export, job and polling sensor); per router one committer
+    multi-asset, commit, check, freshness and maintenance job and sensor for all the tables only
+    it feeds (``defs.routed_tables``); per other table a committer asset,
     checks, commit job (for what writer runs left) and sensor (under ``publish: audit`` also the
     published asset, publish and discard jobs), maintenance and freshness jobs with their schedules,
     and a job that runs its blocking checks alone."""
@@ -30,6 +39,8 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
     sensors: list[dg.SensorDefinition] = []
     loaded_tables = frozenset(config.tables())
     for stream in config.streams:
+        if stream.routed_from and config.router_of(stream.table_identifier):
+            continue  # staged and committed by its router's committer (routed_tables)
         assets.append(router_asset(stream, loaded_tables) if stream.is_router else staged_batches_asset(stream))
         jobs.append(stage_job(config, stream))
         sensors.append(landing_sensor(stream))
@@ -37,10 +48,25 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
             assets.extend(source_assets(stream))
             jobs.append(source_job(stream))
             sensors.append(source_sensor(stream))
+    for router in config.routers():
+        routed = config.routed_tables(router.name)
+        if routed:
+            assets.append(routed_tables_asset(router, routed))
+            jobs.extend(
+                [
+                    routed_commit_job(router, routed),
+                    routed_check_job(router, routed),
+                    routed_freshness_job(router, routed),
+                    routed_maintenance_job(router, list(routed)),
+                ]
+            )
+            sensors.append(routed_tables_sensor(router, routed))
     for table_identifier, streams in config.tables().items():
-        assets.append(table_asset(table_identifier, streams))
         if any(stream.completeness for stream in streams):
             assets.append(complete_days_asset(table_identifier, streams))
+        if config.router_of(table_identifier):
+            continue
+        assets.append(table_asset(table_identifier, streams))
         asset_checks.extend(table_checks(table_identifier, streams))
         if config.audits(table_identifier):
             assets.append(published_asset(table_identifier, streams))
@@ -87,6 +113,8 @@ def stage_job(config: LakehouseConfig, stream: StreamSpec):  # -> UnresolvedAsse
     selection = dg.AssetSelection.assets(names.staged_batches_key(stream.name))
     if not stream.is_router:
         selection = selection | committed_assets(config, stream.table_identifier)
+    elif routed := config.routed_tables(stream.name):
+        selection = selection | dg.AssetSelection.assets(*(names.table_key(table) for table in routed))
     return dg.define_asset_job(
         names.stage_job_name(stream.name),
         selection=selection,

@@ -106,9 +106,11 @@ def run_job(
     instance: dg.DagsterInstance,
     run_config: dict | None = None,
     tags: dict[str, str] | None = None,
+    asset_selection: list[dg.AssetKey] | None = None,
 ) -> dg.ExecuteInProcessResult:
-    """Execute ``job`` in this process, recorded in ``instance`` and tagged with this process,
-    after failing the runs of dead processes (which would hold its pool slot for ever)."""
+    """Execute ``job`` (only ``asset_selection`` of it, when given) in this process, recorded in
+    ``instance`` and tagged with this process, after failing the runs of dead processes (which
+    would hold its pool slot for ever)."""
     fail_runs_of_dead_processes(instance)
     run_config = run_config or {}
     return job.execute_in_process(
@@ -119,6 +121,7 @@ def run_job(
         },
         instance=instance,
         tags={**(tags or {}), PROCESS_TAG: _process_label()},
+        asset_selection=asset_selection,
         raise_on_error=False,
     )
 
@@ -185,7 +188,8 @@ def run_until_idle(
                 tags = {**request.tags, SENSOR_NAME_TAG: sensor.name}
                 if request.run_key:
                     tags[RUN_KEY_TAG] = request.run_key
-                result = run_job(job, instance, {**request.run_config, "resources": UNTIL_IDLE_RESOURCES}, tags)
+                run_config = {**request.run_config, "resources": UNTIL_IDLE_RESOURCES}
+                result = run_job(job, instance, run_config, tags, request.asset_selection)
                 label = f"{job.name} ({request.run_key or 'no run key'}) run {result.run_id}"
                 (report.succeeded if result.success else report.failed).append(label)
                 log(("ok     " if result.success else "FAILED ") + label)

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakehouse_assets import faults
 from lakehouse_assets.batch_ledger import EVENTS_DIR, BatchRecord, StagedBatch, StreamLedger
-from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.config import ColumnSpec, LakehouseConfig, StreamSpec
 from lakehouse_assets.conversion import convert_events, read_landing_lines, staged_events, with_iceberg_types
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.faults import crash_point
@@ -85,28 +86,68 @@ def landing_files(paths: LakehousePaths, stream: StreamSpec, record: BatchRecord
     return [str(directory / name) for name in record.minted.files]
 
 
-def _write_observed(
-    staged: DataFrame, stream: StreamSpec, table_schema: T.StructType, sequence: int, attempt_dir: Path
-) -> dict:
-    """Write the staged events as the attempt's Parquet in one pass, observing the batch's counts
-    and event-time range while writing."""
+def batch_figures(stream: StreamSpec, table_schema: T.StructType) -> list[Column]:
+    """The figures the ledger records of a staged batch, as aggregates over its staged rows: rows,
+    deletes, rejected events and the event-time range."""
     accepted = F.col(REASON_COLUMN).isNull()
     deleted = accepted & (F.col(OPERATION_COLUMN) == F.lit(DELETE))
     event_time = stream.resolved_event_time_column()
     if event_time not in table_schema.fieldNames():
         event_time = None
-    observation = Observation(f"batch-{sequence}")
     event_times = F.when(accepted & ~deleted, F.col(event_time)) if event_time else F.lit(None).cast("timestamp")
-    observed = staged.observe(
-        observation,
+    return [
         F.count(F.when(accepted & ~deleted, 1)).alias("rows"),
         F.count(F.when(deleted, 1)).alias("deletes"),
         F.count(F.when(~accepted, 1)).alias("rejected"),
         F.date_format(F.min(event_times), ISO_8601_UTC).alias("min_event_time"),
         F.date_format(F.max(event_times), ISO_8601_UTC).alias("max_event_time"),
-    )
-    observed.write.parquet(str(attempt_dir / EVENTS_DIR))
+    ]
+
+
+def _write_observed(
+    staged: DataFrame, stream: StreamSpec, table_schema: T.StructType, sequence: int, attempt_dir: Path
+) -> dict:
+    """Write the staged events as the attempt's Parquet in one pass, observing the batch's figures
+    while writing."""
+    observation = Observation(f"batch-{sequence}")
+    staged.observe(observation, *batch_figures(stream, table_schema)).write.parquet(str(attempt_dir / EVENTS_DIR))
     return observation.get
+
+
+@dataclass(frozen=True)
+class StagingSchema:
+    """What a batch is converted to: the table's columns (with Iceberg types, plus the columns the
+    batch adds), its identifier columns, and the columns added (name -> type)."""
+
+    table_schema: T.StructType
+    identifier_columns: list[str]
+    added: dict[str, str]
+
+
+def staging_schema(
+    spark: SparkSession,
+    config: LakehouseConfig,
+    paths: LakehousePaths,
+    stream: StreamSpec,
+    undeclared_columns: Callable[[], list[ColumnSpec]],
+    lines: DataFrame | None = None,
+) -> StagingSchema:
+    """Create the stream's table if it is missing (from ``undeclared_columns()`` when nothing is
+    declared) and read what the batch converts to; with schema evolution, ``lines`` may add columns.
+    Raises ConfigError when ``version_column`` is not a column of the table."""
+    ensure_table(spark, config, paths, stream, undeclared_columns)
+    table_schema = with_iceberg_types(
+        spark.table(qualified_name(stream.table_identifier)).schema,
+        load_committed_table(config, paths, stream.table_identifier).schema(),
+    )
+    added = new_columns(lines, stream, table_schema) if stream.schema_evolution and lines is not None else {}
+    table_schema = with_new_columns(table_schema, added)
+    if stream.version_column and stream.version_column not in table_schema.fieldNames():
+        raise ConfigError(
+            f"stream {stream.name!r}: version_column: {stream.version_column!r} is not a column of "
+            f"{stream.table_identifier} (columns: {', '.join(table_schema.fieldNames())})"
+        )
+    return StagingSchema(table_schema, identifier_columns(config, paths, stream), added)
 
 
 def stage_batch(
@@ -136,19 +177,8 @@ def stage_batch(
     else:
         sample = lines.select(EVENT_COLUMN).limit(SAMPLE_EVENTS)
         undeclared_columns = lambda: infer_columns(stream, [row[0] for row in sample.collect()])  # noqa: E731
-    ensure_table(spark, config, paths, stream, undeclared_columns)
-    table_schema = with_iceberg_types(
-        spark.table(qualified_name(stream.table_identifier)).schema,
-        load_committed_table(config, paths, stream.table_identifier).schema(),
-    )
-    added = new_columns(lines, stream, table_schema) if stream.schema_evolution else {}
-    table_schema = with_new_columns(table_schema, added)
-    keys = identifier_columns(config, paths, stream)
-    if stream.version_column and stream.version_column not in table_schema.fieldNames():
-        raise ConfigError(
-            f"stream {stream.name!r}: version_column: {stream.version_column!r} is not a column of "
-            f"{stream.table_identifier} (columns: {', '.join(table_schema.fieldNames())})"
-        )
+    schema = staging_schema(spark, config, paths, stream, undeclared_columns, lines)
+    table_schema, keys, added = schema.table_schema, schema.identifier_columns, schema.added
 
     def converted(subset: DataFrame) -> DataFrame:
         return staged_events(convert_events(subset, table_schema, stream, keys), table_schema, keys)
@@ -169,21 +199,35 @@ def stage_batch(
         frame = converted(without_failing(lines, failing)).unionByName(quarantined)
         metrics = _write_observed(frame, stream, table_schema, sequence, attempt_dir)
     crash_point(faults.WRITER_AFTER_STAGING)
+    return record_attempt(ledger, record, attempt, metrics, run_id, added)
+
+
+def record_attempt(
+    ledger: StreamLedger,
+    record: BatchRecord,
+    attempt: str,
+    figures: dict,
+    run_id: str | None,
+    added: dict[str, str],
+) -> StagingOutcome:
+    """Record a written attempt (``figures`` from ``batch_figures``) as the batch's staged data
+    unless another attempt won first; the losing attempts' files are removed."""
     staged = StagedBatch(
-        sequence=sequence,
+        sequence=record.sequence,
         attempt=attempt,
-        rows=metrics["rows"],
-        deletes=metrics["deletes"],
-        rejected=metrics["rejected"],
-        min_event_time=metrics["min_event_time"],
-        max_event_time=metrics["max_event_time"],
+        rows=figures["rows"],
+        deletes=figures["deletes"],
+        rejected=figures["rejected"],
+        min_event_time=figures["min_event_time"],
+        max_event_time=figures["max_event_time"],
         staged_at=time.time(),
         run_id=run_id,
         new_columns=added,
     )
+    minted = record.minted
     if ledger.record_staged(staged):
         crash_point(faults.WRITER_AFTER_RECORDING)
         return StagingOutcome(staged, True, len(minted.files), minted.bytes)
-    winner = ledger.batch(sequence)
-    ledger.remove_attempts(sequence, keep=winner.staged.attempt)
+    winner = ledger.batch(record.sequence)
+    ledger.remove_attempts(record.sequence, keep=winner.staged.attempt)
     return StagingOutcome(winner.staged, False, len(minted.files), minted.bytes)

@@ -63,3 +63,36 @@ def test_a_missing_table_that_may_not_be_created_stops_the_code_location_loading
 
     with pytest.raises(TableNotFoundError, match=r"sales\.orders \(streams orders\)"):
         defs()
+
+
+def test_the_tables_one_router_feeds_add_assets_and_checks_but_no_sensor_or_job_per_table(
+    lakehouse_home, tmp_path, monkeypatch
+):
+    router = {"name": "tenants", "table_identifier": "t.${/tenant}", "auto_create": True}
+    write_config(tmp_path, {"streams": [router]}, monkeypatch)
+    tables = [f"t.tenant_{index:03d}" for index in range(300)]
+    for table in tables:
+        (lakehouse_home / "routes" / "tenants" / table).mkdir(parents=True)
+
+    repository = defs().get_repository_def()
+
+    assert repository.asset_graph.get_all_asset_keys() >= {dg.AssetKey(["t", table[2:]]) for table in tables}
+    checked = {key.asset_key for key in repository.asset_graph.asset_check_keys}
+    assert checked == {dg.AssetKey(["t", table[2:]]) for table in tables}
+    assert len(repository.asset_graph.asset_check_keys) == 6 * len(tables)
+    assert {sensor.name for sensor in repository.sensor_defs} == {
+        "tenants_landing_sensor",
+        "tenants_routed_tables_sensor",
+    }
+    assert {job.name for job in repository.get_all_jobs()} == {
+        "tenants_stage_job",
+        "tenants_routed_commit_job",
+        "tenants_routed_check_job",
+        "tenants_routed_freshness_job",
+        "tenants_routed_maintenance_job",
+        "__ASSET_JOB",
+    }
+    assert {schedule.name for schedule in repository.schedule_defs} == {
+        "tenants_routed_freshness_schedule",
+        "tenants_routed_maintenance_schedule",
+    }

@@ -249,6 +249,63 @@ def _awaiting_publish(
     )
 
 
+def commit_ready_batches(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    spark: SparkResource,
+    table_identifier: str,
+    streams: list[StreamSpec],
+) -> CommitPass:
+    """Commit the table's ready staged batches in Spark, log what each stream waits on, and report
+    the days the commit completed. Raises SequenceGapError when a batch is missing."""
+    outcome = spark.run(
+        lakehouse, commit_table, lakehouse.config(), lakehouse.paths(), table_identifier, context.run.run_id
+    )
+    for plan in outcome.plans:
+        if plan.recovered:
+            context.log.info(
+                f"{table_identifier}: stream {plan.stream}: batches {plan.recovered} were already in the table; "
+                "marked committed"
+            )
+        if plan.waiting_on:
+            context.log.info(f"{table_identifier}: stream {plan.stream}: {plan.waiting_on}")
+    if outcome.fenced:
+        context.log.warning(outcome.fenced)
+    config = lakehouse.config()
+    table = load_committed_table(config, lakehouse.paths(), table_identifier)
+    _signal_complete_days(context, table_identifier, [config.stream(s.name) for s in streams], table)
+    return outcome
+
+
+def commits_metadata(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    table_identifier: str,
+    streams: list[StreamSpec],
+    outcome: CommitPass,
+) -> dict:
+    """Log every commit of the pass but the last as a materialization of the table; the last one's
+    metadata, with the table's figures after it and each stream's backlog."""
+    config, paths = lakehouse.config(), lakehouse.paths()
+    table = load_committed_table(config, paths, table_identifier)
+    after = table_stats(table) | {
+        f"lag_seconds.{stream.name}": round(stream_lag_seconds(paths, stream, table), 3) for stream in streams
+    }
+    for result in outcome.results[:-1]:
+        context.log_event(dg.AssetMaterialization(names.table_key(table_identifier), metadata=commit_metadata(result)))
+    if config.audits(table_identifier):
+        after["branch"] = AUDIT_BRANCH
+    return commit_metadata(outcome.results[-1]) | after | _run_ranges(outcome)
+
+
+def commit_due_in(lakehouse: LakehouseResource, table_identifier: str, streams: list[StreamSpec]) -> float:
+    """Seconds until ``commit_interval`` lets a writer run commit to the table (0: now)."""
+    if lakehouse.until_idle:
+        return 0.0
+    table = load_committed_table(lakehouse.config(), lakehouse.paths(), table_identifier)
+    return seconds_until_commit_due(table, streams)
+
+
 def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDefinition:
     """The committer: publishes ready staged batches to ``table_identifier``, one commit per stream."""
 
@@ -266,19 +323,15 @@ def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDe
         lakehouse: LakehouseResource,
         spark: SparkResource,
     ) -> Iterator[dg.MaterializeResult]:
-        if context.job_name != names.commit_job_name(table_identifier) and not lakehouse.until_idle:
+        if context.job_name != names.commit_job_name(table_identifier):
             # A writer run commits what it staged only when commit_interval allows; otherwise the
             # committer run, which the staged-batches sensor launches once it has, commits it.
-            wait = seconds_until_commit_due(
-                load_committed_table(lakehouse.config(), lakehouse.paths(), table_identifier), streams
-            )
+            wait = commit_due_in(lakehouse, table_identifier, streams)
             if wait > 0:
                 context.log.info(f"commit_interval: {wait:.1f}s until the next commit; the committer run commits then")
                 return
         try:
-            outcome = spark.run(
-                lakehouse, commit_table, lakehouse.config(), lakehouse.paths(), table_identifier, context.run.run_id
-            )
+            outcome = commit_ready_batches(context, lakehouse, spark, table_identifier, streams)
         except SequenceGapError as gap:
             # A gap must be loud: fail the run, and fail the sequence check where the UI shows it.
             context.log_event(
@@ -290,32 +343,12 @@ def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDe
                 )
             )
             raise
-        for plan in outcome.plans:
-            if plan.recovered:
-                context.log.info(
-                    f"stream {plan.stream}: batches {plan.recovered} were already in the table; marked committed"
-                )
-            if plan.waiting_on:
-                context.log.info(f"stream {plan.stream}: {plan.waiting_on}")
-        if outcome.fenced:
-            context.log.warning(outcome.fenced)
-        config, paths = lakehouse.config(), lakehouse.paths()
-        table = load_committed_table(config, paths, table_identifier)
-        _signal_complete_days(context, table_identifier, [config.stream(s.name) for s in streams], table)
         if outcome.awaiting_publish:
             yield from _awaiting_publish(context, lakehouse, table_identifier, streams, outcome.awaiting_publish)
             return
         if not outcome.results:
             context.log.info("nothing committed; the table is unchanged")
             return
-        # Figures of the table after this run's last commit, and of each stream's backlog.
-        after = table_stats(table) | {
-            f"lag_seconds.{stream.name}": round(stream_lag_seconds(paths, stream, table), 3) for stream in streams
-        }
-        for result in outcome.results[:-1]:
-            context.log_event(dg.AssetMaterialization(context.asset_key, metadata=commit_metadata(result)))
-        if config.audits(table_identifier):
-            after["branch"] = AUDIT_BRANCH
-        yield dg.MaterializeResult(metadata=commit_metadata(outcome.results[-1]) | after | _run_ranges(outcome))
+        yield dg.MaterializeResult(metadata=commits_metadata(context, lakehouse, table_identifier, streams, outcome))
 
     return iceberg_table

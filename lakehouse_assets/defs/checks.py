@@ -3,6 +3,7 @@ check job, on its current snapshot), the freshness check on each stream's backlo
 the job that runs the blocking checks alone (``lakehouse check``)."""
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -21,29 +22,47 @@ from lakehouse_assets.table_metadata import current_metadata_location, load_comm
 from lakehouse_assets.tables import identifier_columns
 
 
-def committed_snapshot(context: dg.AssetCheckExecutionContext, asset_key: dg.AssetKey) -> checks.CommittedSnapshot:
-    """The snapshot recorded by the latest materialization of ``asset_key``."""
-    event = context.instance.get_latest_materialization_event(asset_key)
+@dataclass(frozen=True)
+class CheckTarget:
+    """What a table's checks read: the snapshot (None: the table has none yet) and, per stream, the
+    first and last batch the commit being checked published (empty when checking a snapshot alone)."""
+
+    snapshot: checks.CommittedSnapshot | None
+    ranges: dict[str, list[int]]
+
+    def require_snapshot(self, table_identifier: str) -> checks.CommittedSnapshot:
+        if self.snapshot is None:
+            raise dg.Failure(f"{table_identifier} has no committed snapshot to check yet")
+        return self.snapshot
+
+
+@dataclass(frozen=True)
+class TableCheck:
+    """One check of a table, evaluated the same way by its ``@asset_check`` and by the routed
+    tables' multi-asset."""
+
+    name: str
+    description: str
+    blocking: bool
+    evaluate: Callable[[LakehouseResource, CheckTarget], dg.AssetCheckResult]
+
+
+def materialized_target(instance: dg.DagsterInstance, table_identifier: str) -> CheckTarget:
+    """The snapshot and batch ranges recorded by the latest materialization of the table."""
+    event = instance.get_latest_materialization_event(names.table_key(table_identifier))
     if event is None or event.asset_materialization is None:
-        raise dg.Failure(f"{asset_key.to_user_string()} has no committed snapshot to check yet")
+        return CheckTarget(None, {})
     metadata = event.asset_materialization.metadata
-    return checks.CommittedSnapshot(
-        metadata_location=metadata["metadata_location"].value,
-        snapshot_id=int(metadata["snapshot_id"].value),
+    snapshot = checks.CommittedSnapshot(
+        metadata_location=metadata["metadata_location"].value, snapshot_id=int(metadata["snapshot_id"].value)
     )
+    ranges = metadata.get(names.RUN_RANGES_METADATA)
+    return CheckTarget(snapshot, ranges.value if ranges else {})
 
 
-def checked_snapshot(
-    context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource, table_identifier: str
-) -> checks.CommittedSnapshot:
-    """The snapshot a table check reads: the table's current one in a check job, else the one the
-    latest materialization recorded."""
-    if not lakehouse.check_current_snapshot:
-        return committed_snapshot(context, names.table_key(table_identifier))
-    snapshot = checks.current_snapshot(lakehouse.config(), lakehouse.paths(), table_identifier)
-    if snapshot is None:
-        raise dg.Failure(f"{table_identifier} has no committed snapshot to check yet")
-    return snapshot
+def current_target(lakehouse: LakehouseResource, table_identifier: str) -> CheckTarget:
+    """The table's current snapshot (what ``lakehouse check`` and the freshness jobs read)."""
+    return CheckTarget(checks.current_snapshot(lakehouse.config(), lakehouse.paths(), table_identifier), {})
 
 
 def _result(outcome: checks.CheckOutcome, snapshot: checks.CommittedSnapshot) -> dg.AssetCheckResult:
@@ -63,19 +82,19 @@ def _snapshot_check(
     name: str,
     description: str,
     verify: Callable[[checks.CommittedSnapshot], checks.CheckOutcome],
-) -> dg.AssetChecksDefinition:
+) -> TableCheck:
     """A blocking check that runs ``verify`` on the checked snapshot of the table."""
 
-    @dg.asset_check(asset=names.table_key(table_identifier), name=name, blocking=True, description=description)
-    def _check(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
-        snapshot = checked_snapshot(context, lakehouse, table_identifier)
+    def evaluate(lakehouse: LakehouseResource, target: CheckTarget) -> dg.AssetCheckResult:
+        snapshot = target.require_snapshot(table_identifier)
         return _result(verify(snapshot), snapshot)
 
-    return _check
+    return TableCheck(name, description, True, evaluate)
 
 
-def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.AssetChecksDefinition]:
-    """The commit checks of one table, each reading the checked snapshot with DuckDB."""
+def table_check_registry(table_identifier: str, streams: list[StreamSpec]) -> list[TableCheck]:
+    """Every check of one table: the blocking checks reading the committed snapshot with DuckDB,
+    the freshness and dead-letter checks, and for change streams the change checks."""
     declared = streams[0].table_schema.columns
     expectations = blocking_expectations(streams)
     evolves = any(stream.schema_evolution for stream in streams)
@@ -115,15 +134,31 @@ def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.As
     return table_level + (change_checks(table_identifier, change_streams) if change_streams else [])
 
 
-def freshness_check(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetChecksDefinition:
-    """Fails when a stream's oldest uncommitted event is older than its ``max_lag``."""
+def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.AssetChecksDefinition]:
+    """The checks of one table as asset checks: on the snapshot the table's latest materialization
+    recorded, or in a check job (``check_current_snapshot``) on its current snapshot."""
+    return [_asset_check(table_identifier, check) for check in table_check_registry(table_identifier, streams)]
 
+
+def _asset_check(table_identifier: str, check: TableCheck) -> dg.AssetChecksDefinition:
     @dg.asset_check(
         asset=names.table_key(table_identifier),
-        name=names.FRESHNESS_CHECK,
-        description="Every stream's oldest uncommitted event is younger than the stream's max_lag.",
+        name=check.name,
+        blocking=check.blocking,
+        description=check.description,
     )
-    def lag_within_bound(lakehouse: LakehouseResource) -> dg.AssetCheckResult:
+    def _check(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
+        if lakehouse.check_current_snapshot:
+            return check.evaluate(lakehouse, current_target(lakehouse, table_identifier))
+        return check.evaluate(lakehouse, materialized_target(context.instance, table_identifier))
+
+    return _check
+
+
+def freshness_check(table_identifier: str, streams: list[StreamSpec]) -> TableCheck:
+    """Fails when a stream's oldest uncommitted event is older than its ``max_lag``."""
+
+    def lag_within_bound(lakehouse: LakehouseResource, target: CheckTarget) -> dg.AssetCheckResult:
         config, paths = lakehouse.config(), lakehouse.paths()
         table = load_committed_table(config, paths, table_identifier)
         current = [config.stream(stream.name) for stream in streams]
@@ -143,26 +178,20 @@ def freshness_check(table_identifier: str, streams: list[StreamSpec]) -> dg.Asse
             },
         )
 
-    return lag_within_bound
-
-
-def dead_letters_check(table_identifier: str) -> dg.AssetChecksDefinition:
-    """Warns (without blocking) when the batches the last committer run published sent events to the
-    dead-letter table, with the reasons."""
-    asset_key = names.table_key(table_identifier)
-
-    @dg.asset_check(
-        asset=asset_key,
-        name=names.DEAD_LETTERS_CHECK,
-        description="Warns when the committed batches sent events to the dead-letter table, with the reasons.",
+    return TableCheck(
+        names.FRESHNESS_CHECK,
+        "Every stream's oldest uncommitted event is younger than the stream's max_lag.",
+        False,
+        lag_within_bound,
     )
-    def no_new_dead_letters(
-        context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource
-    ) -> dg.AssetCheckResult:
-        event = context.instance.get_latest_materialization_event(asset_key)
-        if event is None or event.asset_materialization is None:
-            raise dg.Failure(f"{table_identifier} has no commit to check yet")
-        ranges = event.asset_materialization.metadata[names.RUN_RANGES_METADATA].value
+
+
+def dead_letters_check(table_identifier: str) -> TableCheck:
+    """Warns (without blocking) when the batches the last commit published sent events to the
+    dead-letter table, with the reasons."""
+
+    def no_new_dead_letters(lakehouse: LakehouseResource, target: CheckTarget) -> dg.AssetCheckResult:
+        target.require_snapshot(table_identifier)
         config, paths = lakehouse.config(), lakehouse.paths()
         identifier = dead_letter_identifier(table_identifier)
         connection = iceberg_connection()
@@ -171,7 +200,7 @@ def dead_letters_check(table_identifier: str) -> dg.AssetChecksDefinition:
                 checks.check_staged_rejects(
                     connection, stream, first, last, _staged_parquet(paths.staging(stream), first, last)
                 )
-                for stream, (first, last) in sorted(ranges.items())
+                for stream, (first, last) in sorted(target.ranges.items())
             ]
         else:
             table = load_committed_table(config, paths, identifier)
@@ -179,7 +208,7 @@ def dead_letters_check(table_identifier: str) -> dg.AssetChecksDefinition:
             snapshot = checks.CommittedSnapshot(location, table.current_snapshot().snapshot_id) if table else None
             outcomes = [
                 checks.check_no_new_dead_letters(connection, snapshot, stream, first, last)
-                for stream, (first, last) in sorted(ranges.items())
+                for stream, (first, last) in sorted(target.ranges.items())
             ]
         reasons: dict[str, int] = {}
         for outcome in outcomes:
@@ -196,7 +225,12 @@ def dead_letters_check(table_identifier: str) -> dg.AssetChecksDefinition:
             },
         )
 
-    return no_new_dead_letters
+    return TableCheck(
+        names.DEAD_LETTERS_CHECK,
+        "Warns when the committed batches sent events to the dead-letter table, with the reasons.",
+        False,
+        no_new_dead_letters,
+    )
 
 
 def _staged_parquet(staging: Path, first: int, last: int) -> list[str]:
@@ -217,31 +251,16 @@ def _last_published_changes(lakehouse: LakehouseResource, stream: StreamSpec) ->
     ]
 
 
-def change_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.AssetChecksDefinition]:
+def change_checks(table_identifier: str, streams: list[StreamSpec]) -> list[TableCheck]:
     """The checks of a table that change streams write: unique keys, and each batch applied exactly."""
-    asset_key = names.table_key(table_identifier)
 
-    @dg.asset_check(
-        asset=asset_key,
-        name=names.KEYS_UNIQUE_CHECK,
-        blocking=True,
-        description="No identifier key appears twice in the committed snapshot.",
-    )
-    def identifier_keys_unique(
-        context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource
-    ) -> dg.AssetCheckResult:
-        snapshot = checked_snapshot(context, lakehouse, table_identifier)
+    def identifier_keys_unique(lakehouse: LakehouseResource, target: CheckTarget) -> dg.AssetCheckResult:
+        snapshot = target.require_snapshot(table_identifier)
         keys = identifier_columns(lakehouse.config(), lakehouse.paths(), streams[0])
         return _result(checks.check_keys_unique(iceberg_connection(), snapshot, keys), snapshot)
 
-    @dg.asset_check(
-        asset=asset_key,
-        name=names.CHANGES_APPLIED_CHECK,
-        blocking=True,
-        description="On each batch's snapshot, its net deletes are absent and its upserts hold the batch's values.",
-    )
-    def changes_applied(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
-        snapshot = checked_snapshot(context, lakehouse, table_identifier)
+    def changes_applied(lakehouse: LakehouseResource, target: CheckTarget) -> dg.AssetCheckResult:
+        snapshot = target.require_snapshot(table_identifier)
         config, paths = lakehouse.config(), lakehouse.paths()
         outcomes = []
         # The table lock keeps a concurrent committer pass from removing the staged Parquet being read.
@@ -263,7 +282,20 @@ def change_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.A
         )
         return _result(merged, snapshot)
 
-    return [identifier_keys_unique, changes_applied]
+    return [
+        TableCheck(
+            names.KEYS_UNIQUE_CHECK,
+            "No identifier key appears twice in the committed snapshot.",
+            True,
+            identifier_keys_unique,
+        ),
+        TableCheck(
+            names.CHANGES_APPLIED_CHECK,
+            "On each batch's snapshot, its net deletes are absent and its upserts hold the batch's values.",
+            True,
+            changes_applied,
+        ),
+    ]
 
 
 def check_job(table_identifier: str, streams: list[StreamSpec]):

@@ -1,5 +1,5 @@
-"""Per table, a job that evaluates only the freshness check, scheduled so a stalled pipeline is
-noticed even when nothing commits."""
+"""Per table (per router for the tables it feeds), a job that evaluates only the freshness check,
+scheduled so a stalled pipeline is noticed even when nothing commits."""
 
 import dagster as dg
 
@@ -21,14 +21,22 @@ def freshness_job(table_identifier: str):
 
 
 def freshness_schedules(config: LakehouseConfig) -> list[dg.ScheduleDefinition]:
-    """Every five minutes, per table, evaluate the freshness check."""
+    """Every five minutes, per table (per router for the tables it feeds), evaluate the freshness check."""
+    jobs = {
+        names.freshness_schedule_name(table): names.freshness_job_name(table)
+        for table in config.tables()
+        if config.router_of(table) is None
+    }
+    for router in config.routers():
+        if config.routed_tables(router.name):
+            jobs[names.routed_freshness_schedule_name(router.name)] = names.routed_freshness_job_name(router.name)
     return [
         dg.ScheduleDefinition(
-            name=names.freshness_schedule_name(table_identifier),
-            job_name=names.freshness_job_name(table_identifier),
+            name=name,
+            job_name=job_name,
             cron_schedule=FRESHNESS_CRON,
             execution_timezone="UTC",
             default_status=dg.DefaultScheduleStatus.RUNNING,
         )
-        for table_identifier in config.tables()
+        for name, job_name in jobs.items()
     ]

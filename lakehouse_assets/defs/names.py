@@ -134,3 +134,44 @@ def check_job_name(table_identifier: str) -> str:
 
 def freshness_schedule_name(table_identifier: str) -> str:
     return f"{table_identifier.replace('.', '_')}_freshness_schedule"
+
+
+def routed_tables_op(router: str) -> str:
+    return f"{router}_routed_tables"
+
+
+def routed_commit_job_name(router: str) -> str:
+    return f"{router}_routed_commit_job"
+
+
+def routed_sensor_name(router: str) -> str:
+    return f"{router}_routed_tables_sensor"
+
+
+def routed_commit_pool(router: str) -> str:
+    """The commit pool of all the tables one router feeds: their committer is one step."""
+    return f"iceberg_commit/routed/{router}"
+
+
+def routed_check_job_name(router: str) -> str:
+    return f"{router}_routed_check_job"
+
+
+def routed_freshness_job_name(router: str) -> str:
+    return f"{router}_routed_freshness_job"
+
+
+def routed_freshness_schedule_name(router: str) -> str:
+    return f"{router}_routed_freshness_schedule"
+
+
+def routed_maintenance_job_name(router: str) -> str:
+    return f"{router}_routed_maintenance_job"
+
+
+def routed_maintenance_op_name(router: str) -> str:
+    return f"maintain_{router}_routed_tables"
+
+
+def routed_maintenance_schedule_name(router: str) -> str:
+    return f"{router}_routed_maintenance_schedule"

@@ -12,7 +12,7 @@ import dagster as dg
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import checks_not_passed
-from lakehouse_assets.defs.checks import committed_snapshot
+from lakehouse_assets.defs.checks import materialized_target
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import PublishRefusedError
 from lakehouse_assets.publishing import discard_audited, publish_table
@@ -35,7 +35,7 @@ def published_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.Asse
         ),
     )
     def published(context: dg.AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkResource):
-        snapshot = committed_snapshot(context, table_key)
+        snapshot = materialized_target(context.instance, table_identifier).require_snapshot(table_identifier)
         not_passed = checks_not_passed(context.instance, table_identifier, streams, snapshot.snapshot_id)
         if not_passed:
             raise dg.Failure(

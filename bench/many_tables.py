@@ -1,0 +1,201 @@
+"""Many routed tables through one stream, against a bare Spark job writing the same tables.
+
+The same events are routed to N tables (``table_identifier: "t.${/tenant}"``, auto-created) and,
+in the same run, written by a bare Spark job (read once, one ``writeTo(...).append()`` per table
+into tables it created). Reports wall time, runs launched and DuckDB's count of every table
+against the oracle, in-process (``lakehouse run --until-idle``) and, with ``--dagster-dev``, under
+``dagster dev`` (time until every event is visible, runs by job, code-location load time, sensor
+count).
+
+    python bench/many_tables.py [--tables 10 100 500] [--events 20000] [--dagster-dev]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+STREAM = "tenant_events"
+NAMESPACE = "t"
+ROUTER = {
+    "name": STREAM,
+    "table_identifier": NAMESPACE + ".${/tenant}",
+    "auto_create": True,
+    "commit_interval": "0s",
+    "flush": {"max_bytes": 64 * 1024 * 1024, "max_age": "15s"},
+    "maintenance": {"schedule": "0 3 * * *"},
+}
+BARE_WRITE = """
+import sys, time
+started = time.perf_counter()
+from pyspark.sql import functions as F
+from lakehouse_assets.config import load_config
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.spark import lakehouse_session
+spark = lakehouse_session(load_config(), LakehousePaths.from_env())
+schema = "tenant string, id long, amount double, ts timestamp"
+events = spark.read.schema(schema).json(sys.argv[1:]).cache()
+tenants = sorted(row[0] for row in events.select("tenant").distinct().collect())
+spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.baseline")
+for tenant in tenants:
+    spark.sql(f"CREATE TABLE lake.baseline.{tenant} ({schema}) USING iceberg")
+    events.where(F.col("tenant") == tenant).writeTo(f"lake.baseline.{tenant}").append()
+print(f"bare: {len(tenants)} tables in {time.perf_counter() - started:.1f} s")
+"""
+
+
+def tenant_name(index: int) -> str:
+    return f"tenant_{index:04d}"
+
+
+def events(count: int, tables: int, seed: int = 7) -> list[str]:
+    """``count`` events spread evenly over ``tables`` tenants (every tenant gets events)."""
+    rng = random.Random(seed)
+    return [
+        json.dumps(
+            {
+                "tenant": tenant_name(index % tables),
+                "id": index,
+                "amount": round(rng.uniform(1, 100), 2),
+                "ts": f"2026-11-{1 + index % 28:02d}T{index % 24:02d}:00:00+00:00",
+            }
+        )
+        for index in range(count)
+    ]
+
+
+def setup(workdir: Path) -> dict[str, str]:
+    """A fresh home with the router stream; the environment a run needs."""
+    env = dict(os.environ)
+    env.update(
+        LAKEHOUSE_HOME=str(workdir / "home"),
+        DAGSTER_HOME=str(workdir / "dagster"),
+        LAKEHOUSE_CONFIG=str(workdir / "lakehouse.yaml"),
+    )
+    (workdir / "dagster").mkdir(parents=True)
+    (workdir / "lakehouse.yaml").write_text(yaml.safe_dump({"streams": [ROUTER]}))
+    project_settings = Path(__file__).resolve().parent.parent / "dagster.yaml"
+    (workdir / "dagster" / "dagster.yaml").write_text(project_settings.read_text())
+    os.environ.update(env)
+    return env
+
+
+def landed_files(workdir: Path, payload: list[str]) -> list[str]:
+    """Land ``payload`` in the router's landing directory, as ``lakehouse ingest`` does."""
+    from lakehouse_assets.config import load_config
+    from lakehouse_assets.landing import land_events, landing_dir, list_landing_files
+    from lakehouse_assets.paths import LakehousePaths
+
+    stream = load_config().stream(STREAM)
+    paths = LakehousePaths.from_env()
+    land_events(paths, stream, payload, origin="bench")
+    directory = landing_dir(paths, stream)
+    return [str(directory / entry.name) for entry in list_landing_files(directory)]
+
+
+def timed(command: list[str], env: dict[str, str]) -> tuple[float, str]:
+    """Wall time and output of a command run to completion as its own process; fails loudly."""
+    started = time.perf_counter()
+    completed = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    seconds = time.perf_counter() - started
+    if completed.returncode != 0:
+        raise SystemExit(f"{command[:4]} failed:\n{completed.stdout[-3000:]}{completed.stderr[-3000:]}")
+    return seconds, completed.stdout
+
+
+def verify(payload: list[str], tables: int) -> int:
+    """DuckDB's row count and distinct ids of every routed table against the oracle; the events found."""
+    from lakehouse_assets.config import load_config
+    from lakehouse_assets.duck import iceberg_connection, scan
+    from lakehouse_assets.paths import LakehousePaths
+    from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
+
+    config, paths = load_config(), LakehousePaths.from_env()
+    expected = Counter(json.loads(line)["tenant"] for line in payload)
+    connection = iceberg_connection()
+    found = 0
+    for index in range(tables):
+        identifier = f"{NAMESPACE}.{tenant_name(index)}"
+        table = load_committed_table(config, paths, identifier)
+        if table is None or table.current_snapshot() is None:
+            raise SystemExit(f"{identifier} was never committed")
+        snapshot = scan(current_metadata_location(config, paths, identifier), table.current_snapshot().snapshot_id)
+        rows, ids = connection.sql(f"SELECT count(*), count(DISTINCT id) FROM {snapshot}").fetchone()
+        if rows != expected[tenant_name(index)] or ids != rows:
+            raise SystemExit(f"{identifier}: {rows} rows, {ids} distinct ids; expected {expected[tenant_name(index)]}")
+        found += rows
+    return found
+
+
+def run_counts(dagster_home: Path) -> Counter:
+    import dagster as dg
+
+    os.environ["DAGSTER_HOME"] = str(dagster_home)
+    with dg.DagsterInstance.get() as instance:
+        return Counter(record.dagster_run.job_name for record in instance.get_run_records())
+
+
+def in_process(tables: int, count: int) -> dict[str, Any]:
+    """Bare Spark and ``lakehouse run --until-idle`` on the same landed events, each a cold process."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"lakehouse-many-{tables}-"))
+    env = setup(workdir)
+    payload = events(count, tables)
+    files = landed_files(workdir, payload)
+    bare_seconds, _ = timed([sys.executable, "-c", BARE_WRITE, *files], env)
+    pipeline_seconds, _ = timed([sys.executable, "-m", "lakehouse_assets.cli", "run", "--until-idle"], env)
+    found = verify(payload, tables)
+    runs = run_counts(workdir / "dagster")
+    return {
+        "tables": tables,
+        "events": found,
+        "bare_seconds": round(bare_seconds, 1),
+        "pipeline_seconds": round(pipeline_seconds, 1),
+        "pipeline_over_bare": round(pipeline_seconds / bare_seconds, 2),
+        "runs": dict(runs),
+        "workdir": str(workdir),
+    }
+
+
+def versions() -> str:
+    import dagster as dg
+    import duckdb
+    import pyspark
+
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, Spark "
+        f"{pyspark.__version__} local[2], Dagster {dg.__version__}, DuckDB {duckdb.__version__}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tables", type=int, nargs="+", default=[10, 100, 500])
+    parser.add_argument("--events", type=int, default=20_000)
+    args = parser.parse_args(argv)
+    print(versions())
+    for tables in args.tables:
+        result = in_process(tables, args.events)
+        print(json.dumps(result))
+        print(
+            f"{tables} tables, {result['events']} events: bare {result['bare_seconds']} s, "
+            f"`lakehouse run --until-idle` {result['pipeline_seconds']} s "
+            f"({result['pipeline_over_bare']}x), {sum(result['runs'].values())} runs",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

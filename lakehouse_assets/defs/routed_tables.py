@@ -1,0 +1,235 @@
+"""The tables one router feeds, driven together: one multi-asset, job and sensor per router.
+
+Each routed table stays its own asset, with its commits, checks and lineage in the UI, but the
+work of a cycle is fanned in: one step stages the routes of every table that has some and
+commits each table in its own Iceberg commit (its own summary keys, fence and checks), in one
+process and one Spark session. A database of 500 tables is one sensor and one run per cycle, not
+1,000 sensors and a run per table. A table whose commit or check fails is reported on that table;
+the others go on, and the step fails at the end naming it.
+"""
+
+from collections.abc import Iterator
+
+import dagster as dg
+
+from lakehouse_assets import checks
+from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.defs import names
+from lakehouse_assets.defs.assets import commit_due_in, commit_ready_batches, commits_metadata
+from lakehouse_assets.defs.check_status import blocking_check_names
+from lakehouse_assets.defs.checks import CheckTarget, TableCheck, current_target, table_check_registry
+from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.defs.sensors import IN_PROGRESS
+from lakehouse_assets.errors import SequenceGapError
+from lakehouse_assets.routing import stage_routed_tables, tables_with_pending_routes
+
+
+class RoutedTablesConfig(dg.Config):
+    """Which routed tables a run works on: by default every table it selects."""
+
+    tables: list[str] = []
+
+
+def _evaluated(
+    key: dg.AssetKey, check: TableCheck, lakehouse: LakehouseResource, target: CheckTarget
+) -> dg.AssetCheckResult:
+    """The check's result on the table ``key``; an error while checking is a failed result naming
+    it, so one table's broken check neither stops the other tables nor passes silently."""
+    try:
+        result = check.evaluate(lakehouse, target)
+    except Exception as error:  # noqa: BLE001 - reported on the table's check; the step fails at the end
+        result = dg.AssetCheckResult(
+            passed=False, description=f"could not check: {error}", metadata={"found": str(error)}
+        )
+    return result._replace(asset_key=key, check_name=check.name)
+
+
+def routed_tables_asset(router: StreamSpec, tables: dict[str, list[StreamSpec]]) -> dg.AssetsDefinition:
+    """The committer of every table ``router`` feeds: stages their pending routes, commits each
+    table with ready batches and runs its checks on the snapshot it committed; with only checks
+    selected (``lakehouse check``, the freshness job), checks the tables' current snapshots."""
+    registry = {table: table_check_registry(table, streams) for table, streams in tables.items()}
+    keys = {names.table_key(table): table for table in tables}
+
+    @dg.multi_asset(
+        name=names.routed_tables_op(router.name),
+        specs=[
+            dg.AssetSpec(
+                names.table_key(table),
+                deps=[names.staged_batches_key(router.name)],
+                group_name=names.GROUP_NAME,
+                kinds={"iceberg", "spark"},
+                skippable=True,
+                description=f"Iceberg table {table}, routed by stream `{router.name}`; one materialization per commit.",
+            )
+            for table in tables
+        ],
+        check_specs=[
+            dg.AssetCheckSpec(
+                check.name, asset=names.table_key(table), blocking=check.blocking, description=check.description
+            )
+            for table, checks in registry.items()
+            for check in checks
+        ],
+        can_subset=True,
+        pool=names.routed_commit_pool(router.name),
+    )
+    def routed_tables(
+        context: dg.AssetExecutionContext,
+        config: RoutedTablesConfig,
+        lakehouse: LakehouseResource,
+        spark: SparkResource,
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+        wanted = set(config.tables) or set(tables)
+        selected = [keys[key] for key in sorted(context.selected_asset_keys) if keys[key] in wanted]
+        failed: list[str] = []
+        if selected:
+            yield from _commit_tables(context, lakehouse, spark, router, tables, registry, selected, failed)
+        checked_only = sorted(
+            {check.asset_key for check in context.selected_asset_check_keys} - set(context.selected_asset_keys)
+        )
+        for key in checked_only:
+            table = keys[key]
+            if table not in wanted:
+                continue
+            target = current_target(lakehouse, table)
+            for check in registry[table]:
+                if dg.AssetCheckKey(key, check.name) in context.selected_asset_check_keys:
+                    yield _evaluated(key, check, lakehouse, target)
+        if failed:
+            raise dg.Failure(f"{len(failed)} routed tables did not commit: " + "; ".join(failed))
+
+    return routed_tables
+
+
+def _commit_tables(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    spark: SparkResource,
+    router: StreamSpec,
+    tables: dict[str, list[StreamSpec]],
+    registry: dict[str, list[TableCheck]],
+    selected: list[str],
+    failed: list[str],
+) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+    """Stage and commit the selected tables that have work, each on its own; appends to ``failed``
+    the tables whose commit raised."""
+    paths = lakehouse.paths()
+    pending = tables_with_pending_routes(paths, router, selected)
+    if not pending:
+        context.log.info(f"none of the {len(selected)} selected tables has routes to commit")
+        return
+    staged = spark.run(lakehouse, stage_routed_tables, lakehouse.config(), paths, router, pending, context.run.run_id)
+    context.log.info(f"staged {sum(staged.values())} batches of {len(staged)} tables; committing {len(pending)} tables")
+    on_commit_job = context.job_name == names.routed_commit_job_name(router.name)
+    for table in pending:
+        streams, key = tables[table], names.table_key(table)
+        wait = 0.0 if on_commit_job else commit_due_in(lakehouse, table, streams)
+        if wait > 0:
+            context.log.info(
+                f"{table}: commit_interval: {wait:.1f}s until the next commit; the committer run commits then"
+            )
+            continue
+        try:
+            outcome = commit_ready_batches(context, lakehouse, spark, table, streams)
+        except SequenceGapError as gap:
+            failed.append(f"{table}: {gap}")
+            yield dg.AssetCheckResult(
+                asset_key=key, check_name=names.SEQUENCE_CHECK, passed=False, metadata={"found": str(gap)}
+            )
+            continue
+        except Exception as error:  # noqa: BLE001 - one table's failure must not hold the others back
+            context.log.error(f"{table}: commit failed: {error}")
+            failed.append(f"{table}: {error}")
+            continue
+        if not outcome.results:
+            continue
+        metadata = commits_metadata(context, lakehouse, table, streams, outcome)
+        last = outcome.results[-1]
+        target = CheckTarget(
+            checks.CommittedSnapshot(last.metadata_location, last.snapshot_id),
+            metadata[names.RUN_RANGES_METADATA].value,
+        )
+        yield dg.MaterializeResult(
+            asset_key=key,
+            metadata=metadata,
+            check_results=[
+                _evaluated(key, check, lakehouse, target)
+                for check in registry[table]
+                if dg.AssetCheckKey(key, check.name) in context.selected_asset_check_keys
+            ],
+        )
+
+
+def routed_tables_keys(tables: dict[str, list[StreamSpec]]) -> dg.AssetSelection:
+    return dg.AssetSelection.assets(*(names.table_key(table) for table in tables))
+
+
+def routed_commit_job(router: StreamSpec, tables: dict[str, list[StreamSpec]]):  # -> UnresolvedAssetJobDefinition
+    """Commit the router's tables that have routes (the sensor selects them), with their checks."""
+    return dg.define_asset_job(
+        names.routed_commit_job_name(router.name),
+        selection=routed_tables_keys(tables),
+        tags={names.RUN_KIND_TAG: "committer", names.PRIORITY_TAG: str(names.COMMITTER_PRIORITY)},
+        description=f"Stage and commit the routes of stream {router.name} to each of its tables; check each commit.",
+    )
+
+
+def routed_check_job(router: StreamSpec, tables: dict[str, list[StreamSpec]]):
+    """The blocking checks of the router's tables on their current snapshots (``lakehouse check``;
+    run config ``tables`` narrows it)."""
+    return dg.define_asset_job(
+        names.routed_check_job_name(router.name),
+        selection=dg.AssetSelection.checks(
+            *(
+                dg.AssetCheckKey(names.table_key(table), name)
+                for table, streams in tables.items()
+                for name in blocking_check_names(streams)
+            )
+        ),
+        config={"resources": {"lakehouse": {"config": {"check_current_snapshot": True}}}},
+        tags={names.RUN_KIND_TAG: "check"},
+        description=f"Run the blocking checks of the tables {router.name} routes to, on their current snapshots.",
+    )
+
+
+def routed_freshness_job(router: StreamSpec, tables: dict[str, list[StreamSpec]]):
+    """The freshness check of every table the router feeds, in one run."""
+    return dg.define_asset_job(
+        names.routed_freshness_job_name(router.name),
+        selection=dg.AssetSelection.checks(
+            *(dg.AssetCheckKey(names.table_key(table), names.FRESHNESS_CHECK) for table in tables)
+        ),
+        tags={names.RUN_KIND_TAG: "freshness", names.PRIORITY_TAG: str(names.BACKGROUND_PRIORITY)},
+        description=f"Evaluate {names.FRESHNESS_CHECK} of every table stream {router.name} routes to.",
+    )
+
+
+def routed_tables_sensor(router: StreamSpec, tables: dict[str, list[StreamSpec]]) -> dg.SensorDefinition:
+    """Requests one committer run for the router's tables that have routes to commit, selecting
+    just those tables; none while the router's writer or committer run is in progress (it commits them)."""
+
+    @dg.sensor(
+        name=names.routed_sensor_name(router.name),
+        job_name=names.routed_commit_job_name(router.name),
+        minimum_interval_seconds=5,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Launches the committer of the tables stream {router.name} routes to when they have routes.",
+    )
+    def _sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource) -> dg.RunRequest | dg.SkipReason:
+        pending = tables_with_pending_routes(lakehouse.paths(), router, list(tables))
+        if not pending:
+            return dg.SkipReason("no routed table has routes to commit")
+        if not lakehouse.until_idle:
+            for job_name in [names.routed_commit_job_name(router.name), names.stage_job_name(router.name)]:
+                busy = context.instance.get_runs(
+                    filters=dg.RunsFilter(job_name=job_name, statuses=IN_PROGRESS), limit=1
+                )
+                if busy:
+                    return dg.SkipReason(f"run {busy[0].run_id} of {job_name} is in progress and commits the routes")
+        return dg.RunRequest(
+            asset_selection=[names.table_key(table) for table in pending],
+            tags={names.STREAM_TAG: router.name, "lakehouse/tables": str(len(pending))},
+        )
+
+    return _sensor

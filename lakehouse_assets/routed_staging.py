@@ -1,0 +1,148 @@
+"""Staging the batches of many routed tables at once: one Spark job per table schema, not per table.
+
+A router leaves each table's events in route files, the landing files of the table's derived
+stream, and each stream mints its batches in its own ledger. Staging them one by one costs a few
+Spark jobs per table, which dominates when a cycle touches hundreds of small tables. Here the
+batches whose tables have the same schema are read, converted and written by one Spark job,
+partitioned by batch; each partition becomes that batch's attempt, recorded in its own ledger
+exactly as ``staging.stage_batch`` records it (the first attempt wins, a repeat stages nothing
+twice). What this path does not cover goes through ``stage_batch`` one batch at a time: streams
+with schema evolution (each batch may add columns to its own table), and a group whose job fails
+on some events (``stage_batch`` isolates them as dead letters).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from functools import partial
+from itertools import islice
+
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from lakehouse_assets import faults
+from lakehouse_assets.batch_ledger import EVENTS_DIR, BatchRecord, StreamLedger
+from lakehouse_assets.config import ColumnSpec, LakehouseConfig, StreamSpec
+from lakehouse_assets.conversion import BATCH_COLUMN, convert_events, read_landing_lines, staged_events
+from lakehouse_assets.faults import crash_point
+from lakehouse_assets.inference import SAMPLE_EVENTS, infer_columns
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.quarantine import SPARK_ERRORS
+from lakehouse_assets.staging import (
+    StagingSchema,
+    batch_figures,
+    landing_files,
+    record_attempt,
+    stage_batch,
+    staging_schema,
+)
+
+FAN_IN_DIR = "fan-in"
+
+
+@dataclass(frozen=True)
+class PendingBatch:
+    """A minted batch of a derived stream that is not staged yet."""
+
+    stream: StreamSpec
+    record: BatchRecord
+
+
+@dataclass
+class _Group:
+    """Batches whose tables share a schema: converted together."""
+
+    schema: StagingSchema
+    batches: list[PendingBatch]
+
+
+def _inferred_columns(stream: StreamSpec, files: list[str]) -> list[ColumnSpec]:
+    """A new table's columns inferred from the first events of its batch's route files (written by
+    the router on this host, ``routing._write_route_files``, never by an executor)."""
+    sample: list[str] = []
+    for file in files:
+        with open(file, encoding="utf-8", errors="replace") as handle:
+            sample.extend(islice(handle, SAMPLE_EVENTS - len(sample)))
+        if len(sample) >= SAMPLE_EVENTS:
+            break
+    return infer_columns(stream, sample)
+
+
+def stage_routed_batches(
+    spark: SparkSession,
+    config: LakehouseConfig,
+    paths: LakehousePaths,
+    router: StreamSpec,
+    pending: list[PendingBatch],
+    run_id: str | None,
+) -> int:
+    """Stage every pending batch, batches of tables with the same schema in one Spark job; returns
+    how many were staged. Raises LakehouseError as ``stage_batch`` does (a route file gone)."""
+    groups: dict[tuple, _Group] = {}
+    one_by_one: list[PendingBatch] = []
+    for batch in pending:
+        if batch.stream.schema_evolution:
+            one_by_one.append(batch)
+            continue
+        files = landing_files(paths, batch.stream, batch.record)
+        schema = staging_schema(spark, config, paths, batch.stream, partial(_inferred_columns, batch.stream, files))
+        key = (schema.table_schema.json(), tuple(schema.identifier_columns))
+        groups.setdefault(key, _Group(schema, [])).batches.append(batch)
+    for group in groups.values():
+        one_by_one.extend(_stage_group(spark, paths, router, group, run_id))
+    for batch in one_by_one:
+        stage_batch(spark, config, paths, batch.stream, batch.record.sequence, run_id=run_id)
+    return len(pending)
+
+
+def _stage_group(
+    spark: SparkSession, paths: LakehousePaths, router: StreamSpec, group: _Group, run_id: str | None
+) -> list[PendingBatch]:
+    """Convert and write the group's batches in one job, partitioned by batch, then give each
+    batch its partition as a new attempt and record it. Returns the batches to stage alone: all
+    of them when the job fails on some event (``stage_batch`` dead-letters it), else those the job
+    wrote nothing for (none expected: every routed event is a staged row or a dead letter)."""
+    work = paths.staging(router.name) / FAN_IN_DIR / uuid.uuid4().hex[:16]
+    try:
+        files: list[str] = []
+        batch_of_file: list[int] = []
+        for index, batch in enumerate(group.batches):
+            batch_files = landing_files(paths, batch.stream, batch.record)
+            files.extend(batch_files)
+            batch_of_file.extend([index] * len(batch_files))
+        lines = read_landing_lines(spark, files, work / "inputs", batch_of_file)
+        schema, stream = group.schema, group.batches[0].stream
+        # The batch number joins the identifier columns, so a key's changes collapse within one batch.
+        converted = convert_events(lines, schema.table_schema, stream, schema.identifier_columns)
+        with_batch = T.StructType([*schema.table_schema.fields, T.StructField(BATCH_COLUMN, T.IntegerType())])
+        staged = staged_events(converted, with_batch, [BATCH_COLUMN, *schema.identifier_columns])
+        output = work / "output"
+        try:
+            staged.write.partitionBy(BATCH_COLUMN).parquet(str(output))
+        except SPARK_ERRORS:
+            return group.batches
+        written = spark.read.parquet(str(output)).groupBy(BATCH_COLUMN)
+        figures = {
+            row[BATCH_COLUMN]: row.asDict()
+            for row in written.agg(*batch_figures(stream, schema.table_schema)).collect()
+        }
+        attempts, unwritten = [], []
+        for index, batch in enumerate(group.batches):
+            if index not in figures:
+                unwritten.append(batch)
+                continue
+            ledger = StreamLedger(paths.staging(batch.stream.name))
+            attempt, attempt_dir = ledger.new_attempt(batch.record.sequence)
+            attempt_dir.mkdir(parents=True)
+            # The partition becomes the attempt's Parquet: a rename, the staging root is one disk.
+            os.rename(output / f"{BATCH_COLUMN}={index}", attempt_dir / EVENTS_DIR)
+            attempts.append((ledger, batch, attempt, figures[index]))
+        crash_point(faults.WRITER_AFTER_STAGING)
+        for ledger, batch, attempt, found in attempts:
+            record_attempt(ledger, batch.record, attempt, found, run_id, schema.added)
+        return unwritten
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
