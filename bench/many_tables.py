@@ -168,6 +168,115 @@ def in_process(tables: int, count: int) -> dict[str, Any]:
     }
 
 
+def visible_rows(tables: int) -> dict[str, int]:
+    """Rows of each routed table's current snapshot (its summary's total), 0 while it has none."""
+    from lakehouse_assets.config import load_config
+    from lakehouse_assets.paths import LakehousePaths
+    from lakehouse_assets.table_metadata import load_committed_table
+
+    config, paths = load_config(), LakehousePaths.from_env()
+    found = {}
+    for index in range(tables):
+        table = load_committed_table(config, paths, f"{NAMESPACE}.{tenant_name(index)}")
+        snapshot = table.current_snapshot() if table else None
+        found[tenant_name(index)] = int(snapshot.summary["total-records"]) if snapshot else 0
+    return found
+
+
+def wait_visible(
+    expected: Counter, tables: int, since: float, timeout: float, process: Any, work: Any
+) -> tuple[dict[str, float], float | None]:
+    """Seconds from ``since`` until each table showed its expected rows; and until all did (None: timeout)."""
+    import dagster_dev_freshness as dev
+
+    visible_after: dict[str, float] = {}
+    while time.time() - since < timeout:
+        dev.ensure_running(process, work)
+        now = time.time()
+        for tenant, rows in visible_rows(tables).items():
+            if tenant not in visible_after and rows >= expected[tenant]:
+                visible_after[tenant] = now - since
+        if len(visible_after) == tables:
+            return visible_after, max(visible_after.values())
+        time.sleep(2)
+    return visible_after, None
+
+
+def percentile(values: list[float], percent: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(percent / 100 * len(ordered) + 0.5) - 1))]
+
+
+def load_code_location(args: argparse.Namespace, work: Any, port: int) -> tuple[Any, float]:
+    """Start ``dagster dev``; the process and the seconds until its code location reported loaded."""
+    import dagster_dev_freshness as dev
+
+    started = time.time()
+    process = dev.start_dagster(args, work, port)
+    while True:
+        dev.ensure_running(process, work)
+        try:
+            if dev.loaded_location(port) is not None:
+                return process, time.time() - started
+        except (OSError, dev.GraphQLError, json.JSONDecodeError):
+            pass
+        if time.time() - started > args.startup_timeout:
+            dev.stop_dagster(process, work)
+            raise SystemExit(f"dagster dev did not load in {args.startup_timeout} s:\n{dev.log_tail(work)}")
+        time.sleep(0.5)
+
+
+def under_dagster_dev(args: argparse.Namespace, tables: int, count: int) -> dict[str, Any]:
+    """Two rounds of ``count`` events over ``tables`` tables under ``dagster dev``: the first while
+    the tables are new to the code location, the second after a restart that loads them all."""
+    import dagster_dev_freshness as dev
+
+    workdir = Path(tempfile.mkdtemp(prefix=f"lakehouse-many-dev-{tables}-"))
+    env = setup(workdir)
+    env.update(PATH=f"{dev.BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    work = dev.Workdir(
+        workdir, workdir / "home", workdir / "dagster", workdir / "lakehouse.yaml", workdir / "dagster-dev.log", env
+    )
+    result: dict[str, Any] = {"tables": tables, "workdir": str(workdir)}
+    landed: list[str] = []
+    for round_name in ("first_round", "after_restart"):
+        port = dev.free_port()
+        process, load_seconds = load_code_location(args, work, port)
+        try:
+            payload = events(count, tables, seed=len(landed))
+            payload = [json.dumps({**json.loads(line), "id": len(landed) + i}) for i, line in enumerate(payload)]
+            instance = dev.open_instance(work)
+            runs_before = Counter(run.job_name for run in instance.get_runs())
+            since = time.time()
+            landed_files(workdir, payload)
+            landed += payload
+            expected = Counter(json.loads(line)["tenant"] for line in landed)
+            visible_after, all_visible = wait_visible(expected, tables, since, args.visible_timeout, process, work)
+            runs = Counter(run.job_name for run in instance.get_runs()) - runs_before
+            sensors = dev.graphql(port, SENSOR_COUNT_QUERY)["sensorsOrError"]
+        finally:
+            dev.stop_dagster(process, work)
+        freshness = list(visible_after.values())
+        result[round_name] = {
+            "code_location_load_seconds": round(load_seconds, 1),
+            "sensors": len(sensors.get("results", [])),
+            "all_visible_seconds": round(all_visible, 1) if all_visible is not None else None,
+            "tables_visible": len(visible_after),
+            "freshness_p50": round(percentile(freshness, 50), 1) if freshness else None,
+            "freshness_p95": round(percentile(freshness, 95), 1) if freshness else None,
+            "runs": dict(runs),
+        }
+    result["events"] = verify(landed, tables)
+    return result
+
+
+SENSOR_COUNT_QUERY = """
+query Sensors {
+  sensorsOrError { __typename ... on Sensors { results { name } } }
+}
+"""
+
+
 def versions() -> str:
     import dagster as dg
     import duckdb
@@ -183,9 +292,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, nargs="+", default=[10, 100, 500])
     parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--dagster-dev", action="store_true", help="measure under dagster dev instead")
+    parser.add_argument("--visible-timeout", type=float, default=900, help="seconds to wait for every table")
+    parser.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for dagster dev")
     args = parser.parse_args(argv)
+    args.project_root = Path(__file__).resolve().parent.parent
     print(versions())
-    for tables in args.tables:
+    for tables in args.tables if args.dagster_dev else []:
+        result = under_dagster_dev(args, tables, args.events)
+        print(json.dumps(result), flush=True)
+    for tables in [] if args.dagster_dev else args.tables:
         result = in_process(tables, args.events)
         print(json.dumps(result))
         print(

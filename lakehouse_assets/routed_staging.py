@@ -27,6 +27,7 @@ from lakehouse_assets import faults
 from lakehouse_assets.batch_ledger import EVENTS_DIR, BatchRecord, StreamLedger
 from lakehouse_assets.config import ColumnSpec, LakehouseConfig, StreamSpec
 from lakehouse_assets.conversion import BATCH_COLUMN, convert_events, read_landing_lines, staged_events
+from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.inference import SAMPLE_EVENTS, infer_columns
 from lakehouse_assets.paths import LakehousePaths
@@ -78,24 +79,36 @@ def stage_routed_batches(
     router: StreamSpec,
     pending: list[PendingBatch],
     run_id: str | None,
-) -> int:
-    """Stage every pending batch, batches of tables with the same schema in one Spark job; returns
-    how many were staged. Raises LakehouseError as ``stage_batch`` does (a route file gone)."""
+) -> dict[str, str]:
+    """Stage every pending batch, batches of tables with the same schema in one Spark job. A batch
+    that cannot be staged (a route file gone, its table cannot be created) holds back only its own
+    table: returns the tables that could not be staged, with the error."""
+    failed: dict[str, str] = {}
     groups: dict[tuple, _Group] = {}
     one_by_one: list[PendingBatch] = []
     for batch in pending:
         if batch.stream.schema_evolution:
             one_by_one.append(batch)
             continue
-        files = landing_files(paths, batch.stream, batch.record)
-        schema = staging_schema(spark, config, paths, batch.stream, partial(_inferred_columns, batch.stream, files))
+        try:
+            files = landing_files(paths, batch.stream, batch.record)
+            columns = partial(_inferred_columns, batch.stream, files)
+            schema = staging_schema(spark, config, paths, batch.stream, columns)
+        except (LakehouseError, *SPARK_ERRORS) as error:
+            failed[batch.stream.table_identifier] = str(error)
+            continue
         key = (schema.table_schema.json(), tuple(schema.identifier_columns))
         groups.setdefault(key, _Group(schema, [])).batches.append(batch)
     for group in groups.values():
         one_by_one.extend(_stage_group(spark, paths, router, group, run_id))
     for batch in one_by_one:
-        stage_batch(spark, config, paths, batch.stream, batch.record.sequence, run_id=run_id)
-    return len(pending)
+        if batch.stream.table_identifier in failed:
+            continue  # a table's batches stage in sequence: not after one that failed
+        try:
+            stage_batch(spark, config, paths, batch.stream, batch.record.sequence, run_id=run_id)
+        except (LakehouseError, *SPARK_ERRORS) as error:
+            failed[batch.stream.table_identifier] = str(error)
+    return failed
 
 
 def _stage_group(
@@ -115,10 +128,11 @@ def _stage_group(
             batch_of_file.extend([index] * len(batch_files))
         lines = read_landing_lines(spark, files, work / "inputs", batch_of_file)
         schema, stream = group.schema, group.batches[0].stream
-        # The batch number joins the identifier columns, so a key's changes collapse within one batch.
-        converted = convert_events(lines, schema.table_schema, stream, schema.identifier_columns)
+        keys = schema.identifier_columns
+        converted = convert_events(lines, schema.table_schema, stream, keys)
         with_batch = T.StructType([*schema.table_schema.fields, T.StructField(BATCH_COLUMN, T.IntegerType())])
-        staged = staged_events(converted, with_batch, [BATCH_COLUMN, *schema.identifier_columns])
+        # The batch joins the identifier columns (if any), so a key's changes collapse within its own batch.
+        staged = staged_events(converted, with_batch, [BATCH_COLUMN, *keys] if keys else [])
         output = work / "output"
         try:
             staged.write.partitionBy(BATCH_COLUMN).parquet(str(output))

@@ -39,6 +39,7 @@ from lakehouse_assets.config import (
 )
 from lakehouse_assets.conversion import read_landing_lines
 from lakehouse_assets.dead_letters import DEAD_LETTER_SUFFIX, commit_dead_letters, sidecar_path
+from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.landing import landing_dir, list_landing_files
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file, table_lock_file
@@ -256,11 +257,11 @@ def stage_routed_tables(
     router: StreamSpec,
     tables: list[str],
     run_id: str,
-) -> dict[str, int]:
+) -> dict[str, str]:
     """Mint every route file of ``tables`` not in a batch yet and stage every unstaged batch of
-    theirs, in one Spark session (the fan-in writer: one run for all the router's tables); ``config``
-    must hold their derived streams (``LakehouseConfig.with_routes``). Returns the batches staged
-    per table; harmless to repeat."""
+    theirs, in one Spark session and one Spark job per table schema (``routed_staging``); ``config``
+    must hold their derived streams (``LakehouseConfig.with_routes``). Harmless to repeat. Returns
+    the tables that could not be staged, with the error; the others are staged."""
     pending: list[PendingBatch] = []
     for table in tables:
         stream = config.stream(routed_stream_name(router.name, table))
@@ -268,11 +269,7 @@ def stage_routed_tables(
             pass
         records = StreamLedger(paths.staging(stream.name)).batches()
         pending.extend(PendingBatch(stream, record) for record in records if record.staged is None)
-    stage_routed_batches(spark, config, paths, router, pending, run_id)
-    staged: dict[str, int] = {}
-    for batch in pending:
-        staged[batch.stream.table_identifier] = staged.get(batch.stream.table_identifier, 0) + 1
-    return staged
+    return stage_routed_batches(spark, config, paths, router, pending, run_id)
 
 
 def commit_new_routes(
@@ -285,8 +282,10 @@ def commit_new_routes(
 ) -> list[CommitResult]:
     """Stage and commit every route to ``tables``, routed tables that have no committer of their
     own yet; the derived streams' ledgers, locks and fencing make this safe next to any other
-    committer. Returns the commits."""
-    stage_routed_tables(spark, config, paths, router, tables, run_id)
+    committer. Returns the commits; raises LakehouseError naming the tables that could not be staged."""
+    failed = stage_routed_tables(spark, config, paths, router, tables, run_id)
+    if failed:
+        raise LakehouseError("; ".join(f"{table}: {error}" for table, error in failed.items()))
     return [result for table in tables for result in commit_table(spark, config, paths, table, run_id).results]
 
 

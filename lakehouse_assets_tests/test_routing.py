@@ -10,7 +10,7 @@ import dagster as dg
 import pytest
 
 from lakehouse_assets import faults, summary_keys
-from lakehouse_assets.config import load_config
+from lakehouse_assets.config import load_config, routed_stream_name
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.sensors import writer_run_request
@@ -22,7 +22,7 @@ from lakehouse_assets.runner import run_job, run_pipeline_until_idle
 from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.conftest import write_config
-from lakehouse_assets_tests.fault_injection.pipeline import run_pipeline_process
+from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse_process, run_pipeline_process
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
 pytestmark = pytest.mark.spark
@@ -112,7 +112,16 @@ def test_messy_events_route_to_auto_created_tables_and_every_event_is_accounted_
     assert json.loads(change[summary_keys.SCHEMA_CHANGE]) == {"address.zip": "string", "vip": "boolean"}
 
 
-@pytest.mark.parametrize("crash_at", [faults.ROUTER_DURING_PUBLISH, faults.ROUTER_AFTER_DEAD_LETTERS])
+@pytest.mark.parametrize(
+    "crash_at",
+    [
+        faults.ROUTER_DURING_PUBLISH,
+        faults.ROUTER_AFTER_DEAD_LETTERS,
+        # In the routed tables' committer: their batches staged together, then each table's commit.
+        faults.WRITER_AFTER_STAGING,
+        faults.COMMITTER_AFTER_COMMIT,
+    ],
+)
 def test_a_router_killed_mid_batch_routes_every_event_once_on_restart(routed, paths, crash_at):
     drop_landing_files(routed, paths, *MESSY_FILES)
 
@@ -188,3 +197,104 @@ def test_a_table_found_after_the_code_location_loaded_is_committed_by_the_router
     assert [row["order_id"] for row in table_rows(routed, paths, "shop.orders")] == [1]
     materialization = instance.get_latest_materialization_event(names.table_key("shop.orders")).asset_materialization
     assert materialization.metadata["rows"].value == 1
+
+
+TENANTS = {
+    "name": "tenants",
+    "table_identifier": "t.${/tenant}",
+    "auto_create": True,
+    "commit_interval": "0s",
+    "flush": {"max_bytes": 1},
+}
+
+
+def tenant_events(first: int, count: int, tables: int) -> list[str]:
+    """Events ``first`` .. ``first + count - 1`` spread over ``tables`` tenants."""
+    return [
+        json.dumps({"tenant": f"tenant_{i % tables:02d}", "id": i, "amount": i / 4})
+        for i in range(first, first + count)
+    ]
+
+
+def assert_tenant_tables_hold(config, paths, events: list[str]) -> None:
+    """DuckDB finds in each tenant's table exactly the ids landed for it, once each (the oracle)."""
+    expected: dict[str, list[int]] = {}
+    for line in events:
+        event = json.loads(line)
+        expected.setdefault(f"t.{event['tenant']}", []).append(event["id"])
+    for identifier, ids in expected.items():
+        assert [row[0] for row in _duckdb_rows(config, paths, identifier, "id")] == sorted(ids), identifier
+
+
+def test_a_database_of_tables_commits_every_event_once_in_runs_independent_of_the_table_count(
+    lakehouse_home, tmp_path, monkeypatch, paths, instance
+):
+    write_config(tmp_path, {"streams": [TENANTS]}, monkeypatch)
+    config = load_config()
+    first_round = tenant_events(0, 1200, tables=40)
+    land_events(paths, config.stream("tenants"), first_round)
+
+    report = run_pipeline_until_idle(instance, log=lambda _: None)
+
+    # The router routes (the tables are new), then one committer run stages and commits all 40.
+    assert report.failed == [] and len(report.succeeded) == 2, report.succeeded
+    assert_tenant_tables_hold(load_config(), paths, first_round)
+
+    second_round = tenant_events(1200, 800, tables=40)
+    land_events(paths, config.stream("tenants"), second_round)
+    report = run_pipeline_until_idle(instance, log=lambda _: None)
+
+    # Now every table is in the definitions: the router's run routes, stages and commits them all.
+    assert report.failed == [] and [label.split()[0] for label in report.succeeded] == ["tenants_stage_job"]
+    config = load_config()
+    assert_tenant_tables_hold(config, paths, first_round + second_round)
+    for index in range(40):
+        key = names.table_key(f"t.tenant_{index:02d}")
+        materialization = instance.get_latest_materialization_event(key).asset_materialization
+        assert materialization.metadata["rows"].value == 20
+        for check in names.CHECK_NAMES:
+            record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, check))
+            assert record.status.value == "SUCCEEDED", (key, check)
+            checked = record.event.dagster_event.event_specific_data.metadata["snapshot_id"].value
+            assert checked == materialization.metadata["snapshot_id"].value
+
+    # `lakehouse check` runs the blocking checks of every routed table in one run per router.
+    checked = run_lakehouse_process(["check"])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.count("rows_reconcile_with_batches: passed") == 40
+
+
+def test_a_routed_table_that_cannot_commit_is_reported_on_it_and_the_others_commit(
+    lakehouse_home, tmp_path, monkeypatch, paths, instance
+):
+    write_config(tmp_path, {"streams": [TENANTS]}, monkeypatch)
+    config = load_config()
+    first_round = tenant_events(0, 30, tables=3)
+    land_events(paths, config.stream("tenants"), first_round)
+    assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
+    # An operator mistake: a batch of tenant_01's ledger moved ahead, leaving a gap before it.
+    ledger = paths.staging(routed_stream_name("tenants", "t.tenant_01"))
+    [committed] = sorted(ledger.iterdir())
+    ahead = ledger / f"{int(committed.name) + 2:0{len(committed.name)}d}"
+    ahead.mkdir()
+    minted = json.loads((committed / "batch.json").read_text())
+    (ahead / "batch.json").write_text(json.dumps({**minted, "sequence": minted["sequence"] + 2}))
+
+    second_round = tenant_events(30, 30, tables=3)
+    land_events(paths, config.stream("tenants"), second_round)
+    report = run_pipeline_until_idle(instance, log=lambda _: None)
+
+    # The writer run fails naming tenant_01 (and so does the committer run the sensor requests for it).
+    assert {label.split()[0] for label in report.failed} <= {"tenants_stage_job", "tenants_routed_commit_job"}
+    assert report.failed[0].startswith("tenants_stage_job")
+    config = load_config()
+    assert_tenant_tables_hold(config, paths, [e for e in first_round + second_round if "tenant_01" not in e])
+    assert_tenant_tables_hold(config, paths, [e for e in first_round if "tenant_01" in e])
+    gap = instance.get_latest_asset_check_evaluation_record(
+        dg.AssetCheckKey(names.table_key("t.tenant_01"), names.SEQUENCE_CHECK)
+    )
+    assert gap.status.value == "FAILED"
+    assert "batch 2 is missing" in gap.event.dagster_event.event_specific_data.metadata["found"].value
+    for healthy in ("t.tenant_00", "t.tenant_02"):
+        check = dg.AssetCheckKey(names.table_key(healthy), names.ROW_COUNT_CHECK)
+        assert instance.get_latest_asset_check_evaluation_record(check).status.value == "SUCCEEDED"

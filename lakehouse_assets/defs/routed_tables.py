@@ -119,8 +119,13 @@ def _commit_tables(
     if not pending:
         context.log.info(f"none of the {len(selected)} selected tables has routes to commit")
         return
-    staged = spark.run(lakehouse, stage_routed_tables, lakehouse.config(), paths, router, pending, context.run.run_id)
-    context.log.info(f"staged {sum(staged.values())} batches of {len(staged)} tables; committing {len(pending)} tables")
+    not_staged = spark.run(
+        lakehouse, stage_routed_tables, lakehouse.config(), paths, router, pending, context.run.run_id
+    )
+    for table, error in not_staged.items():
+        context.log.error(f"{table}: staging failed: {error}")
+        failed.append(f"{table}: {error}")
+    context.log.info(f"staged the routes of {len(pending) - len(not_staged)} tables; committing them")
     on_commit_job = context.job_name == names.routed_commit_job_name(router.name)
     for table in pending:
         streams, key = tables[table], names.table_key(table)
