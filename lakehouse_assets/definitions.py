@@ -18,6 +18,7 @@ from lakehouse_assets.defs.routed_tables import (
     routed_commit_job,
     routed_freshness_job,
     routed_tables_asset,
+    routed_tables_keys,
     routed_tables_sensor,
 )
 from lakehouse_assets.defs.sensors import landing_sensor, staged_batches_sensor
@@ -114,7 +115,7 @@ def stage_job(config: LakehouseConfig, stream: StreamSpec):  # -> UnresolvedAsse
     if not stream.is_router:
         selection = selection | committed_assets(config, stream.table_identifier)
     elif routed := config.routed_tables(stream.name):
-        selection = selection | dg.AssetSelection.assets(*(names.table_key(table) for table in routed))
+        selection = selection | routed_tables_keys(routed)
     return dg.define_asset_job(
         names.stage_job_name(stream.name),
         selection=selection,

@@ -85,19 +85,17 @@ def routed_tables_asset(router: StreamSpec, tables: dict[str, list[StreamSpec]])
         failed: list[str] = []
         if selected:
             yield from _commit_tables(context, lakehouse, spark, router, tables, registry, selected, failed)
-        checked_only = sorted(
-            {check.asset_key for check in context.selected_asset_check_keys} - set(context.selected_asset_keys)
-        )
-        for key in checked_only:
-            table = keys[key]
-            if table not in wanted:
+        # Only checks selected (the check and freshness jobs): on the tables' current snapshots.
+        selected_checks = set(context.selected_asset_check_keys)
+        for key in sorted({check.asset_key for check in selected_checks} - set(context.selected_asset_keys)):
+            if keys[key] not in wanted:
                 continue
-            target = current_target(lakehouse, table)
-            for check in registry[table]:
-                if dg.AssetCheckKey(key, check.name) in context.selected_asset_check_keys:
+            target = current_target(lakehouse, keys[key])
+            for check in registry[keys[key]]:
+                if dg.AssetCheckKey(key, check.name) in selected_checks:
                     yield _evaluated(key, check, lakehouse, target)
         if failed:
-            raise dg.Failure(f"{len(failed)} routed tables did not commit: " + "; ".join(failed))
+            raise dg.Failure(f"{len(failed)} routed tables failed: " + "; ".join(failed))
 
     return routed_tables
 
@@ -111,9 +109,10 @@ def _commit_tables(
     registry: dict[str, list[TableCheck]],
     selected: list[str],
     failed: list[str],
-) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
-    """Stage and commit the selected tables that have work, each on its own; appends to ``failed``
-    the tables whose commit raised."""
+) -> Iterator[dg.MaterializeResult]:
+    """Stage and commit the selected tables that have work, each on its own, and log each commit's
+    checks; appends to ``failed`` the tables whose staging or commit failed or whose blocking check
+    did not pass."""
     paths = lakehouse.paths()
     pending = tables_with_pending_routes(paths, router, selected)
     if not pending:
@@ -139,8 +138,10 @@ def _commit_tables(
             outcome = commit_ready_batches(context, lakehouse, spark, table, streams)
         except SequenceGapError as gap:
             failed.append(f"{table}: {gap}")
-            yield dg.AssetCheckResult(
-                asset_key=key, check_name=names.SEQUENCE_CHECK, passed=False, metadata={"found": str(gap)}
+            context.log_event(
+                dg.AssetCheckEvaluation(
+                    asset_key=key, check_name=names.SEQUENCE_CHECK, passed=False, metadata={"found": str(gap)}
+                )
             )
             continue
         except Exception as error:  # noqa: BLE001 - one table's failure must not hold the others back
@@ -155,19 +156,29 @@ def _commit_tables(
             checks.CommittedSnapshot(last.metadata_location, last.snapshot_id),
             metadata[names.RUN_RANGES_METADATA].value,
         )
-        yield dg.MaterializeResult(
-            asset_key=key,
-            metadata=metadata,
-            check_results=[
-                _evaluated(key, check, lakehouse, target)
-                for check in registry[table]
-                if dg.AssetCheckKey(key, check.name) in context.selected_asset_check_keys
-            ],
-        )
+        yield dg.MaterializeResult(asset_key=key, metadata=metadata)
+        # The checks are logged rather than planned with the run: planning a check is an event per
+        # check and table at run creation, which for hundreds of tables cost more than the checks.
+        for check in registry[table]:
+            result = _evaluated(key, check, lakehouse, target)
+            context.log_event(
+                dg.AssetCheckEvaluation(
+                    asset_key=key,
+                    check_name=check.name,
+                    passed=result.passed,
+                    metadata=result.metadata,
+                    severity=result.severity,
+                    description=result.description,
+                )
+            )
+            if check.blocking and not result.passed:
+                failed.append(f"{table}: check {check.name} failed: {result.description}")
 
 
 def routed_tables_keys(tables: dict[str, list[StreamSpec]]) -> dg.AssetSelection:
-    return dg.AssetSelection.assets(*(names.table_key(table) for table in tables))
+    """The router's tables without their checks: a committing run logs each table's check results
+    itself, for the tables it committed."""
+    return dg.AssetSelection.assets(*(names.table_key(table) for table in tables)).without_checks()
 
 
 def routed_commit_job(router: StreamSpec, tables: dict[str, list[StreamSpec]]):  # -> UnresolvedAssetJobDefinition
