@@ -28,25 +28,20 @@ from pyspark.sql import functions as F
 
 from lakehouse_assets import faults
 from lakehouse_assets.batch_ledger import EVENTS_DIR, BatchRecord, CommittedBatch, StagedBatch, StreamLedger
-from lakehouse_assets.committer import CommitResult, commit_table
 from lakehouse_assets.config import (
     ROUTED_TABLE,
     ROUTER_DEAD_LETTER_NAMESPACE,
     TEMPLATE_POINTER,
     LakehouseConfig,
     StreamSpec,
-    routed_stream_name,
 )
 from lakehouse_assets.conversion import read_landing_lines
 from lakehouse_assets.dead_letters import DEAD_LETTER_SUFFIX, commit_dead_letters, sidecar_path
-from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.faults import crash_point
-from lakehouse_assets.landing import landing_dir, list_landing_files
+from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file, table_lock_file
-from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import next_epoch
-from lakehouse_assets.routed_staging import PendingBatch, stage_routed_batches
 from lakehouse_assets.staged_format import EVENT_COLUMN, LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.staging import input_links, landing_files, minted_record
 from lakehouse_assets.summary_keys import CommitStamp
@@ -248,56 +243,3 @@ def _remove_routed_landing_files(paths: LakehousePaths, stream: StreamSpec, ledg
             for name in record.minted.files:
                 (directory / name).unlink(missing_ok=True)
                 sidecar_path(directory / name).unlink(missing_ok=True)
-
-
-def stage_routed_tables(
-    spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
-    router: StreamSpec,
-    tables: list[str],
-    run_id: str,
-) -> dict[str, str]:
-    """Mint every route file of ``tables`` not in a batch yet and stage every unstaged batch of
-    theirs, in one Spark session and one Spark job per table schema (``routed_staging``); ``config``
-    must hold their derived streams (``LakehouseConfig.with_routes``). Harmless to repeat. Returns
-    the tables that could not be staged, with the error; the others are staged."""
-    pending: list[PendingBatch] = []
-    for table in tables:
-        stream = config.stream(routed_stream_name(router.name, table))
-        while mint_next_batch(config, paths, stream, drain=True)[0] is not None:
-            pass
-        records = StreamLedger(paths.staging(stream.name)).batches()
-        pending.extend(PendingBatch(stream, record) for record in records if record.staged is None)
-    return stage_routed_batches(spark, config, paths, router, pending, run_id)
-
-
-def commit_new_routes(
-    spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
-    router: StreamSpec,
-    tables: list[str],
-    run_id: str,
-) -> list[CommitResult]:
-    """Stage and commit every route to ``tables``, routed tables that have no committer of their
-    own yet; the derived streams' ledgers, locks and fencing make this safe next to any other
-    committer. Returns the commits; raises LakehouseError naming the tables that could not be staged."""
-    failed = stage_routed_tables(spark, config, paths, router, tables, run_id)
-    if failed:
-        raise LakehouseError("; ".join(f"{table}: {error}" for table, error in failed.items()))
-    return [result for table in tables for result in commit_table(spark, config, paths, table, run_id).results]
-
-
-def tables_with_pending_routes(paths: LakehousePaths, router: StreamSpec, tables: list[str]) -> list[str]:
-    """The routed tables a committer has work for: a route file in no batch yet, or a batch whose
-    commit is not recorded (staged, not staged, or committed by a pass that died before recording it)."""
-    pending = []
-    for table in tables:
-        records = StreamLedger(paths.staging(routed_stream_name(router.name, table))).batches()
-        claimed = {name for record in records for name in record.minted.files}
-        directory = route_file(paths, router.name, table, 0).parent
-        unbatched = any(entry.name not in claimed for entry in list_landing_files(directory))
-        if unbatched or any(record.committed is None for record in records):
-            pending.append(table)
-    return pending

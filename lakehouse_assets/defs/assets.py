@@ -17,9 +17,10 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import failed_checks
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import SequenceGapError
+from lakehouse_assets.fan_in import commit_new_routes
 from lakehouse_assets.lag import stream_lag_seconds
 from lakehouse_assets.recovery import AUDIT_BRANCH, table_history
-from lakehouse_assets.routing import commit_new_routes, route_batches
+from lakehouse_assets.routing import route_batches
 from lakehouse_assets.staging import minted_record, stage_batch
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets.table_stats import table_stats
@@ -261,6 +262,18 @@ def commit_ready_batches(
     outcome = spark.run(
         lakehouse, commit_table, lakehouse.config(), lakehouse.paths(), table_identifier, context.run.run_id
     )
+    log_commit_pass(context, lakehouse, table_identifier, streams, outcome)
+    return outcome
+
+
+def log_commit_pass(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    table_identifier: str,
+    streams: list[StreamSpec],
+    outcome: CommitPass,
+) -> None:
+    """Log what each stream of a committer pass waits on, and report the days the pass completed."""
     for plan in outcome.plans:
         if plan.recovered:
             context.log.info(
@@ -274,7 +287,6 @@ def commit_ready_batches(
     config = lakehouse.config()
     table = load_committed_table(config, lakehouse.paths(), table_identifier)
     _signal_complete_days(context, table_identifier, [config.stream(s.name) for s in streams], table)
-    return outcome
 
 
 def commits_metadata(

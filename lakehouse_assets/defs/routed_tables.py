@@ -15,13 +15,13 @@ import dagster as dg
 from lakehouse_assets import checks
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
-from lakehouse_assets.defs.assets import commit_due_in, commit_ready_batches, commits_metadata
+from lakehouse_assets.defs.assets import commit_due_in, commits_metadata, log_commit_pass
 from lakehouse_assets.defs.check_status import blocking_check_names
 from lakehouse_assets.defs.checks import CheckTarget, TableCheck, current_target, table_check_registry
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import IN_PROGRESS
-from lakehouse_assets.errors import SequenceGapError
-from lakehouse_assets.routing import stage_routed_tables, tables_with_pending_routes
+from lakehouse_assets.errors import LakehouseError, SequenceGapError
+from lakehouse_assets.fan_in import commit_tables, stage_routed_tables, tables_with_pending_routes
 
 
 class RoutedTablesConfig(dg.Config):
@@ -126,28 +126,31 @@ def _commit_tables(
         failed.append(f"{table}: {error}")
     context.log.info(f"staged the routes of {len(pending) - len(not_staged)} tables; committing them")
     on_commit_job = context.job_name == names.routed_commit_job_name(router.name)
+    due = []
     for table in pending:
-        streams, key = tables[table], names.table_key(table)
-        wait = 0.0 if on_commit_job else commit_due_in(lakehouse, table, streams)
+        wait = 0.0 if on_commit_job else commit_due_in(lakehouse, table, tables[table])
         if wait > 0:
             context.log.info(
                 f"{table}: commit_interval: {wait:.1f}s until the next commit; the committer run commits then"
             )
-            continue
-        try:
-            outcome = commit_ready_batches(context, lakehouse, spark, table, streams)
-        except SequenceGapError as gap:
-            failed.append(f"{table}: {gap}")
+        else:
+            due.append(table)
+    commits = spark.run(lakehouse, commit_tables, lakehouse.config(), paths, due, context.run.run_id)
+    for table in due:
+        streams, key, outcome = tables[table], names.table_key(table), commits[table]
+        if isinstance(outcome, SequenceGapError):
+            failed.append(f"{table}: {outcome}")
             context.log_event(
                 dg.AssetCheckEvaluation(
-                    asset_key=key, check_name=names.SEQUENCE_CHECK, passed=False, metadata={"found": str(gap)}
+                    asset_key=key, check_name=names.SEQUENCE_CHECK, passed=False, metadata={"found": str(outcome)}
                 )
             )
             continue
-        except Exception as error:  # noqa: BLE001 - one table's failure must not hold the others back
-            context.log.error(f"{table}: commit failed: {error}")
-            failed.append(f"{table}: {error}")
+        if isinstance(outcome, LakehouseError):
+            context.log.error(f"{table}: commit failed: {outcome}")
+            failed.append(f"{table}: {outcome}")
             continue
+        log_commit_pass(context, lakehouse, table, streams, outcome)
         if not outcome.results:
             continue
         metadata = commits_metadata(context, lakehouse, table, streams, outcome)
