@@ -107,11 +107,16 @@ def run_job(
     run_config: dict | None = None,
     tags: dict[str, str] | None = None,
     asset_selection: list[dg.AssetKey] | None = None,
+    asset_check_selection: list[dg.AssetCheckKey] | None = None,
 ) -> dg.ExecuteInProcessResult:
-    """Execute ``job`` (only ``asset_selection`` of it, when given) in this process, recorded in
-    ``instance`` and tagged with this process, after failing the runs of dead processes (which
-    would hold its pool slot for ever)."""
+    """Execute ``job`` (only ``asset_selection`` of it and ``asset_check_selection`` of their checks,
+    when given; all their checks when it is None) in this process, recorded in ``instance`` and
+    tagged with this process, after failing the runs of dead processes (which would hold its pool
+    slot for ever)."""
     fail_runs_of_dead_processes(instance)
+    if asset_selection is not None:
+        checks = None if asset_check_selection is None else set(asset_check_selection)
+        job = job.get_subset(asset_selection=set(asset_selection), asset_check_selection=checks)
     run_config = run_config or {}
     return job.execute_in_process(
         run_config={
@@ -121,7 +126,6 @@ def run_job(
         },
         instance=instance,
         tags={**(tags or {}), PROCESS_TAG: _process_label()},
-        asset_selection=asset_selection,
         raise_on_error=False,
     )
 
@@ -189,7 +193,8 @@ def run_until_idle(
                 if request.run_key:
                     tags[RUN_KEY_TAG] = request.run_key
                 run_config = {**request.run_config, "resources": UNTIL_IDLE_RESOURCES}
-                result = run_job(job, instance, run_config, tags, request.asset_selection)
+                selection = (request.asset_selection, request.asset_check_keys)
+                result = run_job(job, instance, run_config, tags, *selection)
                 label = f"{job.name} ({request.run_key or 'no run key'}) run {result.run_id}"
                 (report.succeeded if result.success else report.failed).append(label)
                 log(("ok     " if result.success else "FAILED ") + label)
