@@ -164,6 +164,13 @@ class StreamLedger:
         records = (self.batch(sequence) for sequence in sequences)
         return [record for record in records if record is not None]
 
+    def latest(self) -> BatchRecord | None:
+        """The batch with the highest sequence, reading only its record (None: no batch)."""
+        if not self.root.is_dir():
+            return None
+        sequences = sorted((int(entry.name) for entry in self.root.iterdir() if entry.name.isdigit()), reverse=True)
+        return next((record for record in map(self.batch, sequences) if record is not None), None)
+
     def claimed_files(self) -> set[str]:
         """Landing files that belong to a minted batch, committed or not."""
         return {name for record in self.batches() for name in record.minted.files}

@@ -29,15 +29,17 @@ CONCURRENT_COMMITS = 2
 
 
 def tables_with_pending_routes(paths: LakehousePaths, router: StreamSpec, tables: list[str]) -> list[str]:
-    """The routed tables a committer has work for: a route file in no batch yet, or a batch whose
-    commit is not recorded (staged, not staged, or committed by a pass that died before recording it)."""
+    """The routed tables a committer has work for: a route file newer than the table's latest
+    batch, or a latest batch whose commit is not recorded (not staged, staged, or committed by a
+    pass that died before recording it). Reads one ledger record and one directory per table:
+    route files are named by the router's batch sequence and batched and committed in that order."""
     pending = []
     for table in tables:
-        records = StreamLedger(paths.staging(routed_stream_name(router.name, table))).batches()
-        claimed = {name for record in records for name in record.minted.files}
-        directory = route_file(paths, router.name, table, 0).parent
-        unbatched = any(entry.name not in claimed for entry in list_landing_files(directory))
-        if unbatched or any(record.committed is None for record in records):
+        latest = StreamLedger(paths.staging(routed_stream_name(router.name, table))).latest()
+        routes = list_landing_files(route_file(paths, router.name, table, 0).parent)
+        last_batched = max(latest.minted.files, default="") if latest else ""
+        unbatched = bool(routes) and routes[-1].name > last_batched
+        if unbatched or (latest is not None and latest.committed is None):
             pending.append(table)
     return pending
 

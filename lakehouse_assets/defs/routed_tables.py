@@ -84,7 +84,7 @@ def routed_tables_asset(router: StreamSpec, tables: dict[str, list[StreamSpec]])
         selected = [keys[key] for key in sorted(context.selected_asset_keys) if keys[key] in wanted]
         failed: list[str] = []
         if selected:
-            yield from _commit_tables(context, lakehouse, spark, router, tables, registry, selected, failed)
+            yield from _stage_commit_and_check(context, lakehouse, spark, router, tables, registry, selected, failed)
         # Only checks selected (the check and freshness jobs): on the tables' current snapshots.
         selected_checks = set(context.selected_asset_check_keys)
         for key in sorted({check.asset_key for check in selected_checks} - set(context.selected_asset_keys)):
@@ -100,7 +100,7 @@ def routed_tables_asset(router: StreamSpec, tables: dict[str, list[StreamSpec]])
     return routed_tables
 
 
-def _commit_tables(
+def _stage_commit_and_check(
     context: dg.AssetExecutionContext,
     lakehouse: LakehouseResource,
     spark: SparkResource,
