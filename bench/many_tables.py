@@ -92,7 +92,7 @@ def setup(workdir: Path) -> dict[str, str]:
     return env
 
 
-def landed_files(workdir: Path, payload: list[str]) -> list[str]:
+def landed_files(payload: list[str]) -> list[str]:
     """Land ``payload`` in the router's landing directory, as ``lakehouse ingest`` does."""
     from lakehouse_assets.config import load_config
     from lakehouse_assets.landing import land_events, landing_dir, list_landing_files
@@ -152,7 +152,7 @@ def in_process(tables: int, count: int) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"lakehouse-many-{tables}-"))
     env = setup(workdir)
     payload = events(count, tables)
-    files = landed_files(workdir, payload)
+    files = landed_files(payload)
     bare_seconds, _ = timed([sys.executable, "-c", BARE_WRITE, *files], env)
     pipeline_seconds, _ = timed([sys.executable, "-m", "lakehouse_assets.cli", "run", "--until-idle"], env)
     found = verify(payload, tables)
@@ -207,8 +207,8 @@ def percentile(values: list[float], percent: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, round(percent / 100 * len(ordered) + 0.5) - 1))]
 
 
-def load_code_location(args: argparse.Namespace, work: Any, port: int) -> tuple[Any, float]:
-    """Start ``dagster dev``; the process and the seconds until its code location reported loaded."""
+def load_code_location(args: argparse.Namespace, work: Any, port: int) -> tuple[Any, Any, float]:
+    """Start ``dagster dev``; the process, its code location and the seconds until it was loaded."""
     import dagster_dev_freshness as dev
 
     started = time.time()
@@ -216,8 +216,9 @@ def load_code_location(args: argparse.Namespace, work: Any, port: int) -> tuple[
     while True:
         dev.ensure_running(process, work)
         try:
-            if dev.loaded_location(port) is not None:
-                return process, time.time() - started
+            location = dev.loaded_location(port)
+            if location is not None:
+                return process, location, time.time() - started
         except (OSError, dev.GraphQLError, json.JSONDecodeError):
             pass
         if time.time() - started > args.startup_timeout:
@@ -241,19 +242,24 @@ def under_dagster_dev(args: argparse.Namespace, tables: int, count: int) -> dict
     landed: list[str] = []
     for round_name in ("first_round", "after_restart"):
         port = dev.free_port()
-        process, load_seconds = load_code_location(args, work, port)
+        process, location, load_seconds = load_code_location(args, work, port)
         try:
             payload = events(count, tables, seed=len(landed))
             payload = [json.dumps({**json.loads(line), "id": len(landed) + i}) for i, line in enumerate(payload)]
             instance = dev.open_instance(work)
             runs_before = Counter(run.job_name for run in instance.get_runs())
             since = time.time()
-            landed_files(workdir, payload)
+            landed_files(payload)
             landed += payload
             expected = Counter(json.loads(line)["tenant"] for line in landed)
             visible_after, all_visible = wait_visible(expected, tables, since, args.visible_timeout, process, work)
+            # A run reports its commits after making them: let it finish before stopping dagster dev.
+            deadline = time.time() + args.visible_timeout
+            while dev.runs_in_progress(instance) and time.time() < deadline:
+                time.sleep(2)
             runs = Counter(run.job_name for run in instance.get_runs()) - runs_before
-            sensors = dev.graphql(port, SENSOR_COUNT_QUERY)["sensorsOrError"]
+            repository = {"repositoryLocationName": location.location, "repositoryName": location.repository}
+            sensors = dev.graphql(port, SENSOR_COUNT_QUERY, {"repository": repository})["sensorsOrError"]
         finally:
             dev.stop_dagster(process, work)
         freshness = list(visible_after.values())
@@ -271,8 +277,8 @@ def under_dagster_dev(args: argparse.Namespace, tables: int, count: int) -> dict
 
 
 SENSOR_COUNT_QUERY = """
-query Sensors {
-  sensorsOrError { __typename ... on Sensors { results { name } } }
+query Sensors($repository: RepositorySelector!) {
+  sensorsOrError(repositorySelector: $repository) { __typename ... on Sensors { results { name } } }
 }
 """
 

@@ -156,20 +156,21 @@ class StreamLedger:
             directory=directory,
         )
 
-    def batches(self) -> list[BatchRecord]:
-        """Every minted batch, in sequence order."""
+    def _sequences(self) -> list[int]:
+        """The sequences that have a directory, in order (a mint that died may have left one empty)."""
         if not self.root.is_dir():
             return []
-        sequences = sorted(int(entry.name) for entry in self.root.iterdir() if entry.name.isdigit())
-        records = (self.batch(sequence) for sequence in sequences)
+        return sorted(int(entry.name) for entry in self.root.iterdir() if entry.name.isdigit())
+
+    def batches(self) -> list[BatchRecord]:
+        """Every minted batch, in sequence order."""
+        records = (self.batch(sequence) for sequence in self._sequences())
         return [record for record in records if record is not None]
 
     def latest(self) -> BatchRecord | None:
         """The batch with the highest sequence, reading only its record (None: no batch)."""
-        if not self.root.is_dir():
-            return None
-        sequences = sorted((int(entry.name) for entry in self.root.iterdir() if entry.name.isdigit()), reverse=True)
-        return next((record for record in map(self.batch, sequences) if record is not None), None)
+        records = (self.batch(sequence) for sequence in reversed(self._sequences()))
+        return next((record for record in records if record is not None), None)
 
     def claimed_files(self) -> set[str]:
         """Landing files that belong to a minted batch, committed or not."""

@@ -62,16 +62,24 @@ def _selected_tables(config: LakehouseConfig, table: str | None) -> list[str]:
     return [table]
 
 
-def _maintenance_runs(config: LakehouseConfig, tables: list[str]) -> list[tuple[str, str, dict, list[str]]]:
-    """The maintenance runs that cover ``tables``: (job, op, run config, tables) per table, and one
-    per router for the tables its committer drives."""
-    runs, routed = [], {}
+def _by_router(config: LakehouseConfig, tables: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """``tables`` split into those with a committer of their own and, per router, those its one
+    committer drives (``LakehouseConfig.router_of``)."""
+    own, routed = [], {}
     for table in tables:
         router = config.router_of(table)
         if router:
             routed.setdefault(router, []).append(table)
         else:
-            runs.append((names.maintenance_job_name(table), names.maintenance_op_name(table), {}, [table]))
+            own.append(table)
+    return own, routed
+
+
+def _maintenance_runs(config: LakehouseConfig, tables: list[str]) -> list[tuple[str, str, dict, list[str]]]:
+    """The maintenance runs that cover ``tables``: (job, op, run config, tables) per table, and one
+    per router for the tables its committer drives."""
+    own, routed = _by_router(config, tables)
+    runs = [(names.maintenance_job_name(table), names.maintenance_op_name(table), {}, [table]) for table in own]
     for router, selected in routed.items():
         op = names.routed_maintenance_op_name(router)
         run_config = {"ops": {op: {"config": {"tables": selected}}}}
@@ -115,13 +123,8 @@ def _check_runs(
 ) -> list[tuple[dg.JobDefinition, dict, list[str]]]:
     """The runs that check ``tables`` on their current snapshots: (job, run config, tables) per
     table, and one per router for the tables its committer drives."""
-    runs, routed = [], {}
-    for table in tables:
-        router = config.router_of(table)
-        if router:
-            routed.setdefault(router, []).append(table)
-        else:
-            runs.append((definitions.resolve_job_def(names.check_job_name(table)), {}, [table]))
+    own, routed = _by_router(config, tables)
+    runs = [(definitions.resolve_job_def(names.check_job_name(table)), {}, [table]) for table in own]
     for router, selected in routed.items():
         run_config = {"ops": {names.routed_tables_op(router): {"config": {"tables": selected}}}}
         runs.append((definitions.resolve_job_def(names.routed_check_job_name(router)), run_config, selected))

@@ -6,6 +6,7 @@ the key, for example ``stream 'orders': flush.max_age: invalid duration '5 minut
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from datetime import date
@@ -691,7 +692,11 @@ def config_path() -> Path | None:
 
 def load_config() -> LakehouseConfig:
     """Load and validate the configuration, or the packaged demo configuration when there is none,
-    with a stream for every table the routers have routed events to so far."""
+    with a stream for every table the routers have routed events to so far.
+
+    Runs call this many times (per table of a router, per check): the file is read each time, but
+    parsed again only when its text changed, and the derived streams are built again only when a
+    router's route directories changed."""
     path = config_path()
     if path is None:
         text = resources.files("lakehouse_assets").joinpath(DEMO_CONFIG_RESOURCE).read_text()
@@ -699,8 +704,32 @@ def load_config() -> LakehouseConfig:
     else:
         text = path.read_text()
         origin = str(path)
+    base = _parsed(text, origin)
+    routes = LakehousePaths.from_env().routes
+    listing = tuple(
+        (router.name, tuple(sorted(os.listdir(routes / router.name))) if (routes / router.name).is_dir() else ())
+        for router in base.routers()
+    )
+    key = (id(base), str(routes), listing)
+    cached = _ROUTED_CONFIGS.get(key)
+    if cached is None or cached[0] is not base:
+        if len(_ROUTED_CONFIGS) >= _CACHED_CONFIGS:
+            _ROUTED_CONFIGS.clear()
+        cached = _ROUTED_CONFIGS[key] = (base, base.with_routes(routes))
+    return cached[1]
+
+
+_CACHED_CONFIGS = 8
+_ROUTED_CONFIGS: dict[tuple, tuple[LakehouseConfig, LakehouseConfig]] = {}
+"""Configurations with their derived streams, by parsed configuration (kept, so its id stays its
+own) and route directories."""
+
+
+@functools.lru_cache(maxsize=_CACHED_CONFIGS)
+def _parsed(text: str, origin: str) -> LakehouseConfig:
+    """The validated configuration of ``text`` (immutable, so shared by every caller)."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"{origin} is not valid YAML: {error}") from None
-    return parse_config(raw, origin).with_routes(LakehousePaths.from_env().routes)
+    return parse_config(raw, origin)

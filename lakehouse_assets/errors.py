@@ -1,5 +1,7 @@
 """Domain exceptions, each with a message a data engineer can act on."""
 
+import traceback
+
 
 class LakehouseError(Exception):
     """Base class for every error this package raises on purpose."""
@@ -47,3 +49,11 @@ class BranchesDivergedError(LakehouseError):
 
 class PublishRefusedError(LakehouseError):
     """The audited snapshot may not be published: a check did not pass on it, or it moved."""
+
+
+def describe_error(error: BaseException) -> str:
+    """What to report of an error caught so that other tables go on: the message of a
+    LakehouseError (written for the user), else the exception's type, message and traceback."""
+    if isinstance(error, LakehouseError):
+        return str(error)
+    return "".join(traceback.format_exception(error)).rstrip()

@@ -10,19 +10,22 @@ with its error and does not stop the others.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from functools import partial
 
 from pyspark.sql import SparkSession
 
 from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.committer import CommitPass, CommitResult, commit_table
 from lakehouse_assets.config import LakehouseConfig, StreamSpec, routed_stream_name
-from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.errors import describe_error
 from lakehouse_assets.landing import list_landing_files
 from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.routed_staging import PendingBatch, stage_routed_batches
-from lakehouse_assets.routing import route_file
+from lakehouse_assets.routing import route_dir
 
 CONCURRENT_COMMITS = 2
 """Tables committed at once; each commit still holds its own table's lock."""
@@ -36,7 +39,7 @@ def tables_with_pending_routes(paths: LakehousePaths, router: StreamSpec, tables
     pending = []
     for table in tables:
         latest = StreamLedger(paths.staging(routed_stream_name(router.name, table))).latest()
-        routes = list_landing_files(route_file(paths, router.name, table, 0).parent)
+        routes = list_landing_files(route_dir(paths, router.name, table))
         last_batched = max(latest.minted.files, default="") if latest else ""
         unbatched = bool(routes) and routes[-1].name > last_batched
         if unbatched or (latest is not None and latest.committed is None):
@@ -66,6 +69,14 @@ def stage_routed_tables(
     return stage_routed_batches(spark, config, paths, router, pending, run_id)
 
 
+@dataclass(frozen=True)
+class NewRoutes:
+    """What committing new routed tables did: the commits, and the tables that failed, with why."""
+
+    results: list[CommitResult]
+    failed: dict[str, str]
+
+
 def commit_new_routes(
     spark: SparkSession,
     config: LakehouseConfig,
@@ -73,32 +84,29 @@ def commit_new_routes(
     router: StreamSpec,
     tables: list[str],
     run_id: str,
-) -> list[CommitResult]:
+) -> NewRoutes:
     """Stage and commit every route to ``tables``, routed tables that have no committer of their
     own yet; the derived streams' ledgers, locks and fencing make this safe next to any other
-    committer. Returns the commits; raises LakehouseError naming the tables that could not be staged."""
-    failed: dict[str, str | LakehouseError] = {**stage_routed_tables(spark, config, paths, router, tables, run_id)}
-    commits = commit_tables(spark, config, paths, tables, run_id)
-    failed.update((table, outcome) for table, outcome in commits.items() if isinstance(outcome, LakehouseError))
-    if failed:
-        raise LakehouseError("; ".join(f"{table}: {error}" for table, error in failed.items()))
-    return [result for outcome in commits.values() for result in outcome.results]
+    committer. A table that cannot be staged or committed holds back no other."""
+    failed = stage_routed_tables(spark, config, paths, router, tables, run_id)
+    results: list[CommitResult] = []
+    commit = partial(commit_table, spark, config, paths, run_id=run_id)
+    for table, outcome in commit_concurrently(commit, [table for table in tables if table not in failed]):
+        if isinstance(outcome, BaseException):
+            failed[table] = describe_error(outcome)
+        else:
+            results.extend(outcome.results)
+    return NewRoutes(results, failed)
 
 
-def commit_tables(
-    spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, tables: list[str], run_id: str
-) -> dict[str, CommitPass | LakehouseError]:
-    """Commit each table's ready batches, ``CONCURRENT_COMMITS`` tables at a time; a table whose
-    commit raised maps to its error (a SequenceGapError as raised, anything else as a
-    LakehouseError naming it), so one table never stops the others."""
-
-    def commit(table: str) -> CommitPass | LakehouseError:
-        try:
-            return commit_table(spark, config, paths, table, run_id)
-        except LakehouseError as error:
-            return error
-        except Exception as error:  # noqa: BLE001 - reported on the table; Spark's errors do not pickle
-            return LakehouseError(f"{type(error).__name__}: {error}")
-
+def commit_concurrently(
+    commit: Callable[[str], CommitPass], tables: list[str]
+) -> Iterator[tuple[str, CommitPass | Exception]]:
+    """``commit(table)`` for each table, ``CONCURRENT_COMMITS`` at a time, yielding each table's
+    pass as soon as it is done (so it is reported before the others finish), or the exception it
+    raised: one table's failure never stops the others."""
     with ThreadPoolExecutor(CONCURRENT_COMMITS, thread_name_prefix="lakehouse-commit") as pool:
-        return dict(zip(tables, pool.map(commit, tables), strict=True))
+        futures = {pool.submit(commit, table): table for table in tables}
+        for future in as_completed(futures):
+            error = future.exception()
+            yield futures[future], error if error is not None else future.result()

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from functools import partial
 from itertools import islice
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
@@ -27,11 +29,10 @@ from lakehouse_assets import faults
 from lakehouse_assets.batch_ledger import EVENTS_DIR, BatchRecord, StreamLedger
 from lakehouse_assets.config import ColumnSpec, LakehouseConfig, StreamSpec
 from lakehouse_assets.conversion import BATCH_COLUMN, convert_events, read_landing_lines, staged_events
-from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.errors import describe_error
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.inference import SAMPLE_EVENTS, infer_columns
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.quarantine import SPARK_ERRORS
 from lakehouse_assets.staging import (
     StagingSchema,
     batch_figures,
@@ -42,6 +43,8 @@ from lakehouse_assets.staging import (
 )
 
 FAN_IN_DIR = "fan-in"
+ABANDONED_AFTER_SECONDS = 3600
+"""A group work directory this old was left by a killed staging (a group takes seconds to minutes)."""
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,8 @@ def stage_routed_batches(
     run_id: str | None,
 ) -> dict[str, str]:
     """Stage every pending batch, batches of tables with the same schema in one Spark job. A batch
-    that cannot be staged (a route file gone, its table cannot be created) holds back only its own
-    table: returns the tables that could not be staged, with the error."""
+    that cannot be staged (a route file gone, its table cannot be created, any error) holds back
+    only its own table: returns the tables that could not be staged, with the error."""
     failed: dict[str, str] = {}
     groups: dict[tuple, _Group] = {}
     one_by_one: list[PendingBatch] = []
@@ -91,33 +94,45 @@ def stage_routed_batches(
             one_by_one.append(batch)
             continue
         try:
-            files = landing_files(paths, batch.stream, batch.record)
-            columns = partial(_inferred_columns, batch.stream, files)
+            columns = partial(_inferred_columns, batch.stream, landing_files(paths, batch.stream, batch.record))
             schema = staging_schema(spark, config, paths, batch.stream, columns)
-        except (LakehouseError, *SPARK_ERRORS) as error:
-            failed[batch.stream.table_identifier] = str(error)
+        except Exception as error:  # noqa: BLE001 - holds back this table only; reported with its traceback
+            failed[batch.stream.table_identifier] = describe_error(error)
             continue
         key = (schema.table_schema.json(), tuple(schema.identifier_columns))
         groups.setdefault(key, _Group(schema, [])).batches.append(batch)
+    _remove_abandoned_work(paths.staging(router.name) / FAN_IN_DIR)
     for group in groups.values():
-        one_by_one.extend(_stage_group(spark, paths, router, group, run_id))
+        try:
+            one_by_one.extend(_stage_group(spark, paths, router, group, run_id))
+        except Exception:  # noqa: BLE001 - e.g. an event the job fails on: staged alone, each batch finds out
+            one_by_one.extend(group.batches)
     for batch in one_by_one:
         if batch.stream.table_identifier in failed:
             continue  # a table's batches stage in sequence: not after one that failed
         try:
             stage_batch(spark, config, paths, batch.stream, batch.record.sequence, run_id=run_id)
-        except (LakehouseError, *SPARK_ERRORS) as error:
-            failed[batch.stream.table_identifier] = str(error)
+        except Exception as error:  # noqa: BLE001 - holds back this table only; reported with its traceback
+            failed[batch.stream.table_identifier] = describe_error(error)
     return failed
+
+
+def _remove_abandoned_work(fan_in: Path) -> None:
+    """Remove group work directories a killed staging left (``ABANDONED_AFTER_SECONDS`` old)."""
+    if not fan_in.is_dir():
+        return
+    for work in fan_in.iterdir():
+        if time.time() - work.stat().st_mtime > ABANDONED_AFTER_SECONDS:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _stage_group(
     spark: SparkSession, paths: LakehousePaths, router: StreamSpec, group: _Group, run_id: str | None
 ) -> list[PendingBatch]:
     """Convert and write the group's batches in one job, partitioned by batch, then give each
-    batch its partition as a new attempt and record it. Returns the batches to stage alone: all
-    of them when the job fails on some event (``stage_batch`` dead-letters it), else those the job
-    wrote nothing for (none expected: every routed event is a staged row or a dead letter)."""
+    batch its partition as a new attempt and record it (the first recorded attempt wins, as in
+    ``stage_batch``). Returns the batches the job wrote nothing for (none expected: every routed
+    event is a staged row or a dead letter), to stage alone."""
     work = paths.staging(router.name) / FAN_IN_DIR / uuid.uuid4().hex[:16]
     try:
         files: list[str] = []
@@ -134,10 +149,7 @@ def _stage_group(
         # The batch joins the identifier columns (if any), so a key's changes collapse within its own batch.
         staged = staged_events(converted, with_batch, [BATCH_COLUMN, *keys] if keys else [])
         output = work / "output"
-        try:
-            staged.write.partitionBy(BATCH_COLUMN).parquet(str(output))
-        except SPARK_ERRORS:
-            return group.batches
+        staged.write.partitionBy(BATCH_COLUMN).parquet(str(output))
         written = spark.read.parquet(str(output)).groupBy(BATCH_COLUMN)
         figures = {
             row[BATCH_COLUMN]: row.asDict()

@@ -106,9 +106,15 @@ def _rejection_reason(template: str, missing_tables: list[str]) -> Column:
     )
 
 
+def route_dir(paths: LakehousePaths, stream: str, table_identifier: str) -> Path:
+    """Where a router publishes the events it routes to ``table_identifier``: the landing directory
+    of the table's derived stream."""
+    return paths.routes / stream / table_identifier
+
+
 def route_file(paths: LakehousePaths, stream: str, table_identifier: str, sequence: int) -> Path:
     """Where batch ``sequence`` of a router publishes the events it routed to ``table_identifier``."""
-    return paths.routes / stream / table_identifier / f"{sequence:010d}.ndjson"
+    return route_dir(paths, stream, table_identifier) / f"{sequence:010d}.ndjson"
 
 
 def _write_route_files(events_dir: Path, routes_dir: Path) -> tuple[dict[str, int], int]:

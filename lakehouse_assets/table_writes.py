@@ -9,6 +9,7 @@ the thread-local is visible to the MERGE's commit.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from pyspark.java_gateway import ensure_callback_server_started
@@ -87,10 +88,14 @@ class _SqlStatement:
         implements = ["java.util.concurrent.Callable"]
 
 
+_CALLBACK_SERVER_START = threading.Lock()
+
+
 def run_with_commit_properties(spark: SparkSession, statement: str, properties: dict[str, str]) -> None:
     """Run one SQL statement whose Iceberg commit carries ``properties`` in its snapshot summary."""
     jvm = spark.sparkContext._jvm
-    ensure_callback_server_started(spark.sparkContext._gateway)
+    with _CALLBACK_SERVER_START:  # PySpark's start is not thread-safe; tables commit concurrently
+        ensure_callback_server_started(spark.sparkContext._gateway)
     java_properties = jvm.java.util.HashMap()
     for key, value in properties.items():
         java_properties.put(key, value)

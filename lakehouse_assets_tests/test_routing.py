@@ -298,3 +298,24 @@ def test_a_routed_table_that_cannot_commit_is_reported_on_it_and_the_others_comm
     for healthy in ("t.tenant_00", "t.tenant_02"):
         check = dg.AssetCheckKey(names.table_key(healthy), names.ROW_COUNT_CHECK)
         assert instance.get_latest_asset_check_evaluation_record(check).status.value == "SUCCEEDED"
+
+
+@pytest.mark.parametrize("crash_at", [faults.WRITER_AFTER_STAGING, faults.COMMITTER_AFTER_COMMIT])
+def test_the_routed_tables_committer_killed_mid_cycle_commits_every_event_once_on_restart(
+    lakehouse_home, tmp_path, monkeypatch, paths, instance, crash_at
+):
+    # No schema evolution: the tables' batches are staged together by one Spark job.
+    write_config(tmp_path, {"streams": [TENANTS]}, monkeypatch)
+    config = load_config()
+    first_round = tenant_events(0, 60, tables=6)
+    land_events(paths, config.stream("tenants"), first_round)
+    assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
+    second_round = tenant_events(60, 60, tables=6)
+    land_events(paths, config.stream("tenants"), second_round)
+
+    crashed = run_pipeline_process({faults.CRASH_ENV: crash_at})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
+    restarted = run_pipeline_process()
+
+    assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
+    assert_tenant_tables_hold(load_config(), paths, first_round + second_round)

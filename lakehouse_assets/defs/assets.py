@@ -121,13 +121,17 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
                 )
             # The configuration read again: routing gave each new table its derived stream.
             routed_settings = lakehouse.config()
-            commits = spark.run(
+            committed = spark.run(
                 lakehouse, commit_new_routes, routed_settings, paths, router, new_tables, context.run.run_id
             )
-            for result in commits:
+            for result in committed.results:
                 context.log_event(
                     dg.AssetMaterialization(names.table_key(result.table), metadata=commit_metadata(result))
                 )
+            if committed.failed:
+                for table, error in committed.failed.items():
+                    context.log.error(f"{table}: {error}")
+                raise dg.Failure(f"new routed tables failed: {', '.join(sorted(committed.failed))}")
         return dg.MaterializeResult(
             metadata={
                 "sequence": config.sequence,
@@ -310,6 +314,13 @@ def commits_metadata(
     return commit_metadata(outcome.results[-1]) | after | _run_ranges(outcome)
 
 
+def sequence_gap_evaluation(asset_key: dg.AssetKey, gap: SequenceGapError) -> dg.AssetCheckEvaluation:
+    """The failed ``batch_ranges_contiguous`` a gap in a stream's batches shows on its table."""
+    return dg.AssetCheckEvaluation(
+        asset_key=asset_key, check_name=names.SEQUENCE_CHECK, passed=False, metadata={"found": str(gap)}
+    )
+
+
 def commit_due_in(lakehouse: LakehouseResource, table_identifier: str, streams: list[StreamSpec]) -> float:
     """Seconds until ``commit_interval`` lets a writer run commit to the table (0: now)."""
     if lakehouse.until_idle:
@@ -346,14 +357,7 @@ def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDe
             outcome = commit_ready_batches(context, lakehouse, spark, table_identifier, streams)
         except SequenceGapError as gap:
             # A gap must be loud: fail the run, and fail the sequence check where the UI shows it.
-            context.log_event(
-                dg.AssetCheckEvaluation(
-                    asset_key=context.asset_key,
-                    check_name=names.SEQUENCE_CHECK,
-                    passed=False,
-                    metadata={"found": str(gap)},
-                )
-            )
+            context.log_event(sequence_gap_evaluation(context.asset_key, gap))
             raise
         if outcome.awaiting_publish:
             yield from _awaiting_publish(context, lakehouse, table_identifier, streams, outcome.awaiting_publish)

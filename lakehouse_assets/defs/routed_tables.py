@@ -8,20 +8,30 @@ process and one Spark session. A database of 500 tables is one sensor and one ru
 the others go on, and the step fails at the end naming it.
 """
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import dagster as dg
 
 from lakehouse_assets import checks
+from lakehouse_assets.committer import CommitPass, commit_table, seconds_until_commit_due
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
-from lakehouse_assets.defs.assets import commit_due_in, commits_metadata, log_commit_pass
+from lakehouse_assets.defs.assets import commit_due_in, commits_metadata, log_commit_pass, sequence_gap_evaluation
 from lakehouse_assets.defs.check_status import blocking_check_names
-from lakehouse_assets.defs.checks import CheckTarget, TableCheck, current_target, table_check_registry
+from lakehouse_assets.defs.checks import (
+    CheckTarget,
+    TableCheck,
+    current_target,
+    materialized_target,
+    table_check_registry,
+)
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
-from lakehouse_assets.defs.sensors import IN_PROGRESS
-from lakehouse_assets.errors import LakehouseError, SequenceGapError
-from lakehouse_assets.fan_in import commit_tables, stage_routed_tables, tables_with_pending_routes
+from lakehouse_assets.defs.sensors import run_in_progress, writer_retry_backoff
+from lakehouse_assets.errors import SequenceGapError, describe_error
+from lakehouse_assets.fan_in import commit_concurrently, stage_routed_tables, tables_with_pending_routes
+from lakehouse_assets.table_metadata import load_committed_table
 
 
 class RoutedTablesConfig(dg.Config):
@@ -30,17 +40,27 @@ class RoutedTablesConfig(dg.Config):
     tables: list[str] = []
 
 
+def _check_target(instance: dg.DagsterInstance, lakehouse: LakehouseResource, table: str) -> CheckTarget:
+    """What a check run alone reads, as for a table's asset checks: the current snapshot in a
+    check job (``check_current_snapshot``), else the one the latest materialization recorded."""
+    if lakehouse.check_current_snapshot:
+        return current_target(lakehouse, table)
+    return materialized_target(instance, table)
+
+
 def _evaluated(
-    key: dg.AssetKey, check: TableCheck, lakehouse: LakehouseResource, target: CheckTarget
+    key: dg.AssetKey,
+    check: TableCheck,
+    lakehouse: LakehouseResource,
+    target: CheckTarget | Callable[[], CheckTarget],
 ) -> dg.AssetCheckResult:
-    """The check's result on the table ``key``; an error while checking is a failed result naming
-    it, so one table's broken check neither stops the other tables nor passes silently."""
+    """The check's result on the table ``key``; an error while checking is a failed result with
+    its traceback, so one table's broken check neither stops the other tables nor passes silently."""
     try:
-        result = check.evaluate(lakehouse, target)
+        result = check.evaluate(lakehouse, target if isinstance(target, CheckTarget) else target())
     except Exception as error:  # noqa: BLE001 - reported on the table's check; the step fails at the end
-        result = dg.AssetCheckResult(
-            passed=False, description=f"could not check: {error}", metadata={"found": str(error)}
-        )
+        found = describe_error(error)
+        result = dg.AssetCheckResult(passed=False, description=f"could not check: {error}", metadata={"found": found})
     return result._replace(asset_key=key, check_name=check.name)
 
 
@@ -68,8 +88,8 @@ def routed_tables_asset(router: StreamSpec, tables: dict[str, list[StreamSpec]])
             dg.AssetCheckSpec(
                 check.name, asset=names.table_key(table), blocking=check.blocking, description=check.description
             )
-            for table, checks in registry.items()
-            for check in checks
+            for table, table_checks in registry.items()
+            for check in table_checks
         ],
         can_subset=True,
         pool=names.routed_commit_pool(router.name),
@@ -80,17 +100,20 @@ def routed_tables_asset(router: StreamSpec, tables: dict[str, list[StreamSpec]])
         lakehouse: LakehouseResource,
         spark: SparkResource,
     ) -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
+        unknown = sorted(set(config.tables) - set(tables))
+        if unknown:
+            raise dg.Failure(f"tables: {', '.join(unknown)} are not routed by stream {router.name}")
         wanted = set(config.tables) or set(tables)
         selected = [keys[key] for key in sorted(context.selected_asset_keys) if keys[key] in wanted]
         failed: list[str] = []
         if selected:
             yield from _stage_commit_and_check(context, lakehouse, spark, router, tables, registry, selected, failed)
-        # Only checks selected (the check and freshness jobs): on the tables' current snapshots.
+        # Only checks selected (a check or freshness job, or the UI): as a table's asset checks do.
         selected_checks = set(context.selected_asset_check_keys)
         for key in sorted({check.asset_key for check in selected_checks} - set(context.selected_asset_keys)):
             if keys[key] not in wanted:
                 continue
-            target = current_target(lakehouse, keys[key])
+            target = partial(_check_target, context.instance, lakehouse, keys[key])
             for check in registry[keys[key]]:
                 if dg.AssetCheckKey(key, check.name) in selected_checks:
                     yield _evaluated(key, check, lakehouse, target)
@@ -128,6 +151,8 @@ def _stage_commit_and_check(
     on_commit_job = context.job_name == names.routed_commit_job_name(router.name)
     due = []
     for table in pending:
+        if table in not_staged:
+            continue
         wait = 0.0 if on_commit_job else commit_due_in(lakehouse, table, tables[table])
         if wait > 0:
             context.log.info(
@@ -135,47 +160,62 @@ def _stage_commit_and_check(
             )
         else:
             due.append(table)
-    commits = spark.run(lakehouse, commit_tables, lakehouse.config(), paths, due, context.run.run_id)
-    for table in due:
-        streams, key, outcome = tables[table], names.table_key(table), commits[table]
-        if isinstance(outcome, SequenceGapError):
-            failed.append(f"{table}: {outcome}")
-            context.log_event(
-                dg.AssetCheckEvaluation(
-                    asset_key=key, check_name=names.SEQUENCE_CHECK, passed=False, metadata={"found": str(outcome)}
-                )
+    config, run_id = lakehouse.config(), context.run.run_id
+    commit = lambda table: spark.run(lakehouse, commit_table, config, paths, table, run_id)  # noqa: E731
+    # Each table is reported as soon as its commit is done, while the next ones commit.
+    for table, outcome in commit_concurrently(commit, due):
+        try:
+            yield from _report_commit(context, lakehouse, table, tables[table], registry[table], outcome, failed)
+        except Exception as error:  # noqa: BLE001 - one table's report must not lose the others'
+            context.log.error(f"{table}: reporting its commit failed: {describe_error(error)}")
+            failed.append(f"{table}: {error}")
+
+
+def _report_commit(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    table: str,
+    streams: list[StreamSpec],
+    table_checks: list[TableCheck],
+    outcome: CommitPass | Exception,
+    failed: list[str],
+) -> Iterator[dg.MaterializeResult]:
+    """Report one table's committer pass: its commits as materializations and its checks on the
+    snapshot it committed; appends to ``failed`` when the commit raised or a blocking check failed."""
+    key = names.table_key(table)
+    if isinstance(outcome, SequenceGapError):
+        failed.append(f"{table}: {outcome}")
+        context.log_event(sequence_gap_evaluation(key, outcome))
+        return
+    if isinstance(outcome, Exception):
+        context.log.error(f"{table}: commit failed: {describe_error(outcome)}")
+        failed.append(f"{table}: {outcome}")
+        return
+    log_commit_pass(context, lakehouse, table, streams, outcome)
+    if not outcome.results:
+        return
+    metadata = commits_metadata(context, lakehouse, table, streams, outcome)
+    last = outcome.results[-1]
+    target = CheckTarget(
+        checks.CommittedSnapshot(last.metadata_location, last.snapshot_id), metadata[names.RUN_RANGES_METADATA].value
+    )
+    yield dg.MaterializeResult(asset_key=key, metadata=metadata)
+    # The checks are logged rather than planned with the run: planning a check is an event per
+    # check and table at run creation, which for hundreds of tables cost more than the checks.
+    for check in table_checks:
+        result = _evaluated(key, check, lakehouse, target)
+        context.log_event(
+            dg.AssetCheckEvaluation(
+                asset_key=key,
+                check_name=check.name,
+                passed=result.passed,
+                metadata=result.metadata,
+                severity=result.severity,
+                description=result.description,
             )
-            continue
-        if isinstance(outcome, LakehouseError):
-            context.log.error(f"{table}: commit failed: {outcome}")
-            failed.append(f"{table}: {outcome}")
-            continue
-        log_commit_pass(context, lakehouse, table, streams, outcome)
-        if not outcome.results:
-            continue
-        metadata = commits_metadata(context, lakehouse, table, streams, outcome)
-        last = outcome.results[-1]
-        target = CheckTarget(
-            checks.CommittedSnapshot(last.metadata_location, last.snapshot_id),
-            metadata[names.RUN_RANGES_METADATA].value,
         )
-        yield dg.MaterializeResult(asset_key=key, metadata=metadata)
-        # The checks are logged rather than planned with the run: planning a check is an event per
-        # check and table at run creation, which for hundreds of tables cost more than the checks.
-        for check in registry[table]:
-            result = _evaluated(key, check, lakehouse, target)
-            context.log_event(
-                dg.AssetCheckEvaluation(
-                    asset_key=key,
-                    check_name=check.name,
-                    passed=result.passed,
-                    metadata=result.metadata,
-                    severity=result.severity,
-                    description=result.description,
-                )
-            )
-            if check.blocking and not result.passed:
-                failed.append(f"{table}: check {check.name} failed: {result.description}")
+        if check.blocking and not result.passed:
+            failed.append(f"{table}: check {check.name} failed: {result.description}")
 
 
 def routed_tables_keys(tables: dict[str, list[StreamSpec]]) -> dg.AssetSelection:
@@ -224,9 +264,33 @@ def routed_freshness_job(router: StreamSpec, tables: dict[str, list[StreamSpec]]
     )
 
 
+def _failure_backoff(instance: dg.DagsterInstance, job_name: str, now: float | None = None) -> str | None:
+    """Why not to request the committer yet: its last runs failed (a table that fails for good,
+    such as a gap, would otherwise fail a run every tick); None when a run may start. Waits 30 s
+    after one failure, doubling per consecutive failure up to 10 minutes (``writer_retry_backoff``)."""
+    records = instance.get_run_records(filters=dg.RunsFilter(job_name=job_name), limit=10)
+    failures = 0
+    for record in records:
+        if record.dagster_run.status != dg.DagsterRunStatus.FAILURE:
+            break
+        failures += 1
+    if not failures:
+        return None
+    failed_at = records[0].end_time or records[0].update_timestamp.timestamp()
+    retry_at = failed_at + writer_retry_backoff(failures)
+    remaining = retry_at - (time.time() if now is None else now)
+    if remaining <= 0:
+        return None
+    return (
+        f"the last {failures} runs of {job_name} failed (latest {records[0].dagster_run.run_id}); "
+        f"requesting the tables again in {remaining:.0f}s"
+    )
+
+
 def routed_tables_sensor(router: StreamSpec, tables: dict[str, list[StreamSpec]]) -> dg.SensorDefinition:
-    """Requests one committer run for the router's tables that have routes to commit, selecting
-    just those tables; none while the router's writer or committer run is in progress (it commits them)."""
+    """Requests one committer run for the router's tables that have routes to commit and whose
+    ``commit_interval`` has passed, selecting just those tables; none while the router's writer or
+    committer run is in progress (it commits them), nor during a backoff after failed runs."""
 
     @dg.sensor(
         name=names.routed_sensor_name(router.name),
@@ -236,16 +300,25 @@ def routed_tables_sensor(router: StreamSpec, tables: dict[str, list[StreamSpec]]
         description=f"Launches the committer of the tables stream {router.name} routes to when they have routes.",
     )
     def _sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource) -> dg.RunRequest | dg.SkipReason:
-        pending = tables_with_pending_routes(lakehouse.paths(), router, list(tables))
+        config, paths = lakehouse.config(), lakehouse.paths()
+        pending = tables_with_pending_routes(paths, router, list(tables))
         if not pending:
             return dg.SkipReason("no routed table has routes to commit")
         if not lakehouse.until_idle:
-            for job_name in [names.routed_commit_job_name(router.name), names.stage_job_name(router.name)]:
-                busy = context.instance.get_runs(
-                    filters=dg.RunsFilter(job_name=job_name, statuses=IN_PROGRESS), limit=1
-                )
-                if busy:
-                    return dg.SkipReason(f"run {busy[0].run_id} of {job_name} is in progress and commits the routes")
+            jobs = [names.routed_commit_job_name(router.name), names.stage_job_name(router.name)]
+            busy = run_in_progress(context.instance, jobs)
+            if busy:
+                return dg.SkipReason(f"run {busy.run_id} of {busy.job_name} is in progress and commits the routes")
+            waiting = _failure_backoff(context.instance, names.routed_commit_job_name(router.name))
+            if waiting:
+                return dg.SkipReason(waiting)
+            waits = {
+                table: seconds_until_commit_due(load_committed_table(config, paths, table), tables[table])
+                for table in pending
+            }
+            pending = [table for table, wait in waits.items() if wait <= 0]
+            if not pending:
+                return dg.SkipReason(f"commit_interval: {min(waits.values()):.1f}s until the next commit is due")
         return dg.RunRequest(
             asset_selection=[names.table_key(table) for table in pending],
             asset_check_keys=[],  # the run logs the checks of what it commits (see routed_tables_keys)

@@ -29,6 +29,15 @@ IN_PROGRESS = [
 ]
 
 
+def run_in_progress(instance: dg.DagsterInstance, job_names: list[str]) -> dg.DagsterRun | None:
+    """A queued or running run of one of the jobs, or None."""
+    for job_name in job_names:
+        runs = instance.get_runs(filters=dg.RunsFilter(job_name=job_name, statuses=IN_PROGRESS), limit=1)
+        if runs:
+            return runs[0]
+    return None
+
+
 def writer_run_request(batch: MintedBatch, retry: int = 0, reason: str | None = None) -> dg.RunRequest:
     """The run that stages ``batch``: run key ``<stream>:<sequence>`` (``...:retry-<n>`` when the
     sensor requests it again after a failure), exact files as typed config."""
@@ -200,10 +209,10 @@ def staged_batches_sensor(table_identifier: str, streams: list[StreamSpec]) -> d
         # Committers are serialised by the table lock and fence each other, so this only avoids
         # piling up runs; dagster.yaml's run monitoring fails runs whose process died. A writer run
         # in progress commits what is staged itself once it has staged its batch.
-        for job_name in [names.commit_job_name(table_identifier), *(names.stage_job_name(s.name) for s in streams)]:
-            busy = context.instance.get_runs(filters=dg.RunsFilter(job_name=job_name, statuses=IN_PROGRESS), limit=1)
-            if busy:
-                return dg.SkipReason(f"run {busy[0].run_id} of {job_name} is in progress and commits when it can")
+        jobs = [names.commit_job_name(table_identifier), *(names.stage_job_name(s.name) for s in streams)]
+        busy = run_in_progress(context.instance, jobs)
+        if busy:
+            return dg.SkipReason(f"run {busy.run_id} of {busy.job_name} is in progress and commits when it can")
         summary = ", ".join(f"{name}: {count} batches" for name, count in ready.items())
         return dg.RunRequest(tags={names.TABLE_TAG: table_identifier, "lakehouse/ready": summary})
 
