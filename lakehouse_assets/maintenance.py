@@ -149,6 +149,10 @@ def expire_snapshots(
     """Expire old snapshots after recording the checkpoint that keeps recovery working."""
     older_than_ms = now_ms - int(spec.older_than * 1000)
     kept = retained_ancestors(table, older_than_ms, spec.retain_last)
+    if len(kept) == len(table.metadata.snapshots):
+        # Every snapshot is a retained ancestor: the procedure would expire nothing (a routed
+        # database has hundreds of such small tables; the call costs a Spark job each).
+        return {"checkpoint_recorded": False, "snapshots_kept_in_ancestry": len(kept), "skipped": "nothing expires"}
     recorded = kept[-1].parent_snapshot_id is not None and record_checkpoint(spark, table, identifier, kept[-1], landed)
     crash_point(faults.MAINTENANCE_AFTER_CHECKPOINT)
     older_than = _timestamp_literal(older_than_ms)

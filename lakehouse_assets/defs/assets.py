@@ -25,6 +25,9 @@ from lakehouse_assets.staging import minted_record, stage_batch
 from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets.table_stats import table_stats
 
+NEW_TABLES_NAMED = 10
+"""How many new routed tables the router's warning names (the metadata lists them all)."""
+
 
 class StagedBatchConfig(dg.Config):
     """The batch a writer run stages: its sequence and exact landing files, set by the sensor."""
@@ -114,11 +117,11 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
         if new_tables and not lakehouse.until_idle:
             # Dagster cannot add sensors to a loaded code location: until it is reloaded, this run
             # commits the new tables.
-            for table in new_tables:
-                context.log.warning(
-                    f"{table} is a new routed table: committed by this run; reload the code location to give it "
-                    "its own sensors, checks and maintenance"
-                )
+            shown = ", ".join(new_tables[:NEW_TABLES_NAMED]) + (", ..." if len(new_tables) > NEW_TABLES_NAMED else "")
+            context.log.warning(
+                f"{len(new_tables)} new routed tables ({shown}): committed by this run; reload the code location "
+                "to give them their asset, checks and maintenance"
+            )
             # The configuration read again: routing gave each new table its derived stream.
             routed_settings = lakehouse.config()
             committed = spark.run(

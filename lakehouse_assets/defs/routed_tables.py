@@ -149,19 +149,18 @@ def _stage_commit_and_check(
         failed.append(f"{table}: {error}")
     context.log.info(f"staged the routes of {len(pending) - len(not_staged)} tables; committing them")
     on_commit_job = context.job_name == names.routed_commit_job_name(router.name)
-    due = []
-    for table in pending:
-        if table in not_staged:
-            continue
-        wait = 0.0 if on_commit_job else commit_due_in(lakehouse, table, tables[table])
-        if wait > 0:
-            context.log.info(
-                f"{table}: commit_interval: {wait:.1f}s until the next commit; the committer run commits then"
-            )
-        else:
-            due.append(table)
-    config, run_id = lakehouse.config(), context.run.run_id
-    commit = lambda table: spark.run(lakehouse, commit_table, config, paths, table, run_id)  # noqa: E731
+    waits = {
+        table: 0.0 if on_commit_job else commit_due_in(lakehouse, table, tables[table])
+        for table in pending
+        if table not in not_staged
+    }
+    due = [table for table, wait in waits.items() if wait <= 0]
+    if len(due) < len(waits):
+        context.log.info(
+            f"commit_interval: {len(waits) - len(due)} tables are not due yet (the first in "
+            f"{min(wait for wait in waits.values() if wait > 0):.1f}s); the committer run commits them then"
+        )
+    commit = partial(spark.run, lakehouse, commit_table, lakehouse.config(), paths, run_id=context.run.run_id)
     # Each table is reported as soon as its commit is done, while the next ones commit.
     for table, outcome in commit_concurrently(commit, due):
         try:
