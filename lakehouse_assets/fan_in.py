@@ -92,7 +92,7 @@ def commit_new_routes(
     results: list[CommitResult] = []
     commit = partial(commit_table, spark, config, paths, run_id=run_id)
     for table, outcome in commit_concurrently(commit, [table for table in tables if table not in failed]):
-        if isinstance(outcome, BaseException):
+        if isinstance(outcome, Exception):
             failed[table] = describe_error(outcome)
         else:
             results.extend(outcome.results)

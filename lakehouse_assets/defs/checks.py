@@ -65,6 +65,14 @@ def current_target(lakehouse: LakehouseResource, table_identifier: str) -> Check
     return CheckTarget(checks.current_snapshot(lakehouse.config(), lakehouse.paths(), table_identifier), {})
 
 
+def checked_target(instance: dg.DagsterInstance, lakehouse: LakehouseResource, table_identifier: str) -> CheckTarget:
+    """What a check run on its own reads: the table's current snapshot in a check job
+    (``check_current_snapshot``), else the one its latest materialization recorded."""
+    if lakehouse.check_current_snapshot:
+        return current_target(lakehouse, table_identifier)
+    return materialized_target(instance, table_identifier)
+
+
 def _result(outcome: checks.CheckOutcome, snapshot: checks.CommittedSnapshot) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         passed=outcome.passed,
@@ -148,9 +156,7 @@ def _asset_check(table_identifier: str, check: TableCheck) -> dg.AssetChecksDefi
         description=check.description,
     )
     def _check(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
-        if lakehouse.check_current_snapshot:
-            return check.evaluate(lakehouse, current_target(lakehouse, table_identifier))
-        return check.evaluate(lakehouse, materialized_target(context.instance, table_identifier))
+        return check.evaluate(lakehouse, checked_target(context.instance, lakehouse, table_identifier))
 
     return _check
 

@@ -20,13 +20,7 @@ from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import commit_due_in, commits_metadata, log_commit_pass, sequence_gap_evaluation
 from lakehouse_assets.defs.check_status import blocking_check_names
-from lakehouse_assets.defs.checks import (
-    CheckTarget,
-    TableCheck,
-    current_target,
-    materialized_target,
-    table_check_registry,
-)
+from lakehouse_assets.defs.checks import CheckTarget, TableCheck, checked_target, table_check_registry
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import run_in_progress, writer_retry_backoff
 from lakehouse_assets.errors import SequenceGapError, describe_error
@@ -38,14 +32,6 @@ class RoutedTablesConfig(dg.Config):
     """Which routed tables a run works on: by default every table it selects."""
 
     tables: list[str] = []
-
-
-def _check_target(instance: dg.DagsterInstance, lakehouse: LakehouseResource, table: str) -> CheckTarget:
-    """What a check run alone reads, as for a table's asset checks: the current snapshot in a
-    check job (``check_current_snapshot``), else the one the latest materialization recorded."""
-    if lakehouse.check_current_snapshot:
-        return current_target(lakehouse, table)
-    return materialized_target(instance, table)
 
 
 def _evaluated(
@@ -113,7 +99,7 @@ def routed_tables_asset(router: StreamSpec, tables: dict[str, list[StreamSpec]])
         for key in sorted({check.asset_key for check in selected_checks} - set(context.selected_asset_keys)):
             if keys[key] not in wanted:
                 continue
-            target = partial(_check_target, context.instance, lakehouse, keys[key])
+            target = partial(checked_target, context.instance, lakehouse, keys[key])
             for check in registry[keys[key]]:
                 if dg.AssetCheckKey(key, check.name) in selected_checks:
                     yield _evaluated(key, check, lakehouse, target)
