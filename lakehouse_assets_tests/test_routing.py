@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 
 from lakehouse_assets import faults, summary_keys
+from lakehouse_assets.batch_ledger import EVENTS_DIR, StreamLedger
 from lakehouse_assets.config import load_config, routed_stream_name
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
@@ -208,12 +209,20 @@ TENANTS = {
 }
 
 
-def tenant_events(first: int, count: int, tables: int) -> list[str]:
-    """Events ``first`` .. ``first + count - 1`` spread over ``tables`` tenants."""
-    return [
+@pytest.fixture
+def tenants(lakehouse_home, tmp_path, monkeypatch):
+    """One stream routing each event to the table of its tenant."""
+    write_config(tmp_path, {"streams": [TENANTS]}, monkeypatch)
+
+
+def land_tenant_events(paths, first: int, count: int, tables: int) -> list[str]:
+    """Land events ``first`` .. ``first + count - 1`` spread over ``tables`` tenants; returns them."""
+    events = [
         json.dumps({"tenant": f"tenant_{i % tables:02d}", "id": i, "amount": i / 4})
         for i in range(first, first + count)
     ]
+    land_events(paths, load_config().stream("tenants"), events)
+    return events
 
 
 def assert_tenant_tables_hold(config, paths, events: list[str]) -> None:
@@ -226,13 +235,8 @@ def assert_tenant_tables_hold(config, paths, events: list[str]) -> None:
         assert [row[0] for row in _duckdb_rows(config, paths, identifier, "id")] == sorted(ids), identifier
 
 
-def test_a_database_of_tables_commits_every_event_once_in_runs_independent_of_the_table_count(
-    lakehouse_home, tmp_path, monkeypatch, paths, instance
-):
-    write_config(tmp_path, {"streams": [TENANTS]}, monkeypatch)
-    config = load_config()
-    first_round = tenant_events(0, 1200, tables=40)
-    land_events(paths, config.stream("tenants"), first_round)
+def test_a_database_of_tables_commits_every_event_once_in_runs_independent_of_the_table_count(tenants, paths, instance):
+    first_round = land_tenant_events(paths, 0, 1200, tables=40)
 
     report = run_pipeline_until_idle(instance, log=lambda _: None)
 
@@ -240,8 +244,7 @@ def test_a_database_of_tables_commits_every_event_once_in_runs_independent_of_th
     assert report.failed == [] and len(report.succeeded) == 2, report.succeeded
     assert_tenant_tables_hold(load_config(), paths, first_round)
 
-    second_round = tenant_events(1200, 800, tables=40)
-    land_events(paths, config.stream("tenants"), second_round)
+    second_round = land_tenant_events(paths, 1200, 800, tables=40)
     report = run_pipeline_until_idle(instance, log=lambda _: None)
 
     # Now every table is in the definitions: the router's run routes, stages and commits them all.
@@ -264,13 +267,8 @@ def test_a_database_of_tables_commits_every_event_once_in_runs_independent_of_th
     assert checked.stdout.count("rows_reconcile_with_batches: passed") == 40
 
 
-def test_a_routed_table_that_cannot_commit_is_reported_on_it_and_the_others_commit(
-    lakehouse_home, tmp_path, monkeypatch, paths, instance
-):
-    write_config(tmp_path, {"streams": [TENANTS]}, monkeypatch)
-    config = load_config()
-    first_round = tenant_events(0, 30, tables=3)
-    land_events(paths, config.stream("tenants"), first_round)
+def test_a_routed_table_that_cannot_commit_is_reported_on_it_and_the_others_commit(tenants, paths, instance):
+    first_round = land_tenant_events(paths, 0, 30, tables=3)
     assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
     # An operator mistake: a batch of tenant_01's ledger moved ahead, leaving a gap before it.
     ledger = paths.staging(routed_stream_name("tenants", "t.tenant_01"))
@@ -280,8 +278,7 @@ def test_a_routed_table_that_cannot_commit_is_reported_on_it_and_the_others_comm
     minted = json.loads((committed / "batch.json").read_text())
     (ahead / "batch.json").write_text(json.dumps({**minted, "sequence": minted["sequence"] + 2}))
 
-    second_round = tenant_events(30, 30, tables=3)
-    land_events(paths, config.stream("tenants"), second_round)
+    second_round = land_tenant_events(paths, 30, 30, tables=3)
     report = run_pipeline_until_idle(instance, log=lambda _: None)
 
     # The writer run fails naming tenant_01 (and so does the committer run the sensor requests for it).
@@ -302,19 +299,20 @@ def test_a_routed_table_that_cannot_commit_is_reported_on_it_and_the_others_comm
 
 @pytest.mark.parametrize("crash_at", [faults.WRITER_AFTER_STAGING, faults.COMMITTER_AFTER_COMMIT])
 def test_the_routed_tables_committer_killed_mid_cycle_commits_every_event_once_on_restart(
-    lakehouse_home, tmp_path, monkeypatch, paths, instance, crash_at
+    tenants, paths, instance, crash_at
 ):
     # No schema evolution: the tables' batches are staged together by one Spark job.
-    write_config(tmp_path, {"streams": [TENANTS]}, monkeypatch)
-    config = load_config()
-    first_round = tenant_events(0, 60, tables=6)
-    land_events(paths, config.stream("tenants"), first_round)
+    first_round = land_tenant_events(paths, 0, 60, tables=6)
     assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
-    second_round = tenant_events(60, 60, tables=6)
-    land_events(paths, config.stream("tenants"), second_round)
+    second_round = land_tenant_events(paths, 60, 60, tables=6)
 
     crashed = run_pipeline_process({faults.CRASH_ENV: crash_at})
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
+    if crash_at == faults.WRITER_AFTER_STAGING:
+        # Killed inside the grouped staging: every table's batch has its attempt, none is recorded.
+        for index in range(6):
+            latest = StreamLedger(paths.staging(routed_stream_name("tenants", f"t.tenant_{index:02d}"))).latest()
+            assert latest.staged is None and list(latest.directory.glob(f"attempt-*/{EVENTS_DIR}"))
     restarted = run_pipeline_process()
 
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
