@@ -198,7 +198,7 @@ def _rejection_reason(fields: list[T.StructField], stream: StreamSpec, identifie
     any_field = reduce(operator.or_, [F.col(f"{_RAW}.`{f.name}`").isNotNull() for f in fields], F.lit(False))
     is_delete = F.col(OPERATION_COLUMN) == F.lit(DELETE)
     rules: list[tuple[Column, Column]] = [
-        (F.json_object_keys(F.col(EVENT_COLUMN)).isNull(), F.lit("not a JSON object"))
+        (~any_field & F.json_object_keys(F.col(EVENT_COLUMN)).isNull(), F.lit("not a JSON object"))
     ]
     if stream.applies_changes:
         rules.append(
