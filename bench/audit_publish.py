@@ -27,6 +27,8 @@ from pathlib import Path
 
 import yaml
 
+from lakehouse_assets.lakehouse import Lakehouse
+
 COLUMNS = [
     {"name": "order_id", "type": "long", "required": True},
     {"name": "customer_id", "type": "long"},
@@ -79,38 +81,35 @@ def main() -> None:
     import pyspark
 
     from lakehouse_assets.committer import commit_table
-    from lakehouse_assets.config import load_config
     from lakehouse_assets.landing import land_events
     from lakehouse_assets.micro_batching import mint_next_batch
-    from lakehouse_assets.paths import LakehousePaths
     from lakehouse_assets.publishing import publish_table
     from lakehouse_assets.spark import lakehouse_session
     from lakehouse_assets.staging import stage_batch
-    from lakehouse_assets.table_metadata import load_committed_table
 
-    config, paths = load_config(), LakehousePaths.from_env()
-    spark = lakehouse_session(config, paths)
+    lake = Lakehouse.from_env()
+    spark = lakehouse_session(lake)
     commit_seconds: dict[str, list[float]] = {"direct": [], "audited": []}
     publish_seconds: list[float] = []
     for number in range(args.batches):
         lines = _batch(number, args.events, dead_letter=not args.no_dead_letters)
         for name in ("direct", "audited") if number % 2 == 0 else ("audited", "direct"):
-            stream = config.stream(name)
-            land_events(paths, stream, lines, origin="bench")
-            batch, _ = mint_next_batch(config, paths, stream, drain=True)
-            stage_batch(spark, config, paths, stream, batch.sequence)
+            stream = lake.stream(name)
+            land_events(lake.paths, stream, lines, origin="bench")
+            batch, _ = mint_next_batch(lake, stream, drain=True)
+            stage_batch(spark, lake, stream, batch.sequence)
             started = time.perf_counter()
-            outcome = commit_table(spark, config, paths, stream.table_identifier, f"bench-{number}")
+            outcome = commit_table(spark, lake, stream.table_identifier, f"bench-{number}")
             if name == "audited":
                 committed = time.perf_counter()
-                publish_table(spark, config, paths, stream.table_identifier, outcome.results[-1].snapshot_id, "bench")
+                publish_table(spark, lake, stream.table_identifier, outcome.results[-1].snapshot_id, "bench")
                 publish_seconds.append(time.perf_counter() - committed)
             commit_seconds[name].append(time.perf_counter() - started)
 
     # The first two batches create the tables and warm the JVM; they are left out.
     direct, audited = (statistics.median(commit_seconds[name][2:]) for name in ("direct", "audited"))
     publish = statistics.median(publish_seconds[2:])
-    tables = {name: load_committed_table(config, paths, f"bench.{name}") for name in ("direct", "audited")}
+    tables = {name: lake.table(f"bench.{name}") for name in ("direct", "audited")}
     files = {
         name: int(table.current_snapshot().summary.additional_properties["total-data-files"])
         for name, table in tables.items()

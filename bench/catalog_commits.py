@@ -24,6 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from lakehouse_assets.lakehouse import Lakehouse
+
 STREAMS = [
     {
         "name": "orders",
@@ -64,40 +66,35 @@ def _use(workdir: Path, catalog: dict, jars: str) -> None:
 def _rounds(rounds: int, orders: int, changes: int) -> list[float]:
     import dagster as dg
 
-    from lakehouse_assets.config import load_config
     from lakehouse_assets.definitions import build_definitions
     from lakehouse_assets.landing import land_events
-    from lakehouse_assets.paths import LakehousePaths
     from lakehouse_assets.runner import run_until_idle
 
-    config, paths = load_config(), LakehousePaths.from_env()
+    lake = Lakehouse.from_env()
     seconds = []
     with dg.DagsterInstance.get() as instance:
         for number in range(rounds):
             first = number * orders
             appends = [json.dumps({"order_id": first + i, "amount": i * 0.5}) for i in range(orders)]
-            land_events(paths, config.stream("orders"), appends)
+            land_events(lake.paths, lake.stream("orders"), appends)
             land_events(
-                paths,
-                config.stream("customers"),
+                lake.paths,
+                lake.stream("customers"),
                 [json.dumps({"op": "u" if i % 3 else "c", "id": i, "name": f"n{number}-{i}"}) for i in range(changes)],
             )
             started = time.monotonic()
-            report = run_until_idle(build_definitions(config), instance, log=lambda _: None)
+            report = run_until_idle(build_definitions(lake.config), instance, log=lambda _: None)
             seconds.append(time.monotonic() - started)
             assert not report.failed, report.failed
     return seconds[1:]
 
 
 def _pass_branch_steps(samples: int) -> dict[str, list[float]]:
-    from lakehouse_assets.config import load_config
     from lakehouse_assets.pass_branches import drop_pass_branch, open_pass_branch, publish_pass_branch
-    from lakehouse_assets.paths import LakehousePaths
     from lakehouse_assets.spark import lakehouse_session
-    from lakehouse_assets.table_metadata import load_committed_table
 
-    config, paths = load_config(), LakehousePaths.from_env()
-    spark = lakehouse_session(config, paths)
+    lake = Lakehouse.from_env()
+    spark = lakehouse_session(lake)
     steps: dict[str, list[float]] = {}
     row = spark.createDataFrame([(10**9, 1.0)], "order_id bigint, amount double")
 
@@ -107,7 +104,7 @@ def _pass_branch_steps(samples: int) -> dict[str, list[float]]:
         steps.setdefault(step, []).append(time.monotonic() - started)
 
     for sample in range(samples):
-        head = load_committed_table(config, paths, "sales.orders").current_snapshot().snapshot_id
+        head = lake.table("sales.orders").current_snapshot().snapshot_id
         name = f"lakehouse_pass_bench_{sample}"
         timed("create branch", open_pass_branch, spark, "sales.orders", name, head)
         timed("append 1 row on it", row.writeTo(f"lake.sales.orders.branch_{name}").append)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from lakehouse_assets.lakehouse import Lakehouse
+
 # (name, write mode, rows updated): every bucket touched, or one bucket of eight.
 CASES = (
     ("cow_all", "copy-on-write", "id % 10 = 0"),
@@ -62,14 +64,11 @@ def main() -> None:
     import pyspark
     from pyspark.sql import functions as F
 
-    from lakehouse_assets.config import load_config
     from lakehouse_assets.iceberg_source import snapshot_changes
-    from lakehouse_assets.paths import LakehousePaths
     from lakehouse_assets.spark import lakehouse_session
-    from lakehouse_assets.table_metadata import load_committed_table
 
-    config, paths = load_config(), LakehousePaths.from_env()
-    spark = lakehouse_session(config, paths)
+    lake = Lakehouse.from_env()
+    spark = lakehouse_session(lake)
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores; Spark {pyspark.__version__} local[2], "
         f"Iceberg 1.10.2; {args.rows} rows in 8 buckets, one UPDATE; best of {args.repeats}"
@@ -77,7 +76,7 @@ def main() -> None:
     print("case | mode | updated rows | change events | changes s | events/s | plain scan s | changes/scan")
     spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.src")
     for case, mode, updated in CASES:
-        stream = config.stream(case)
+        stream = lake.stream(case)
         table = stream.iceberg_source.table
         spark.sql(
             f"CREATE TABLE lake.{table} (id bigint NOT NULL, name string, amount double) USING iceberg "
@@ -87,7 +86,7 @@ def main() -> None:
         name = F.concat(F.lit("name-"), F.col("id").cast("string")).alias("name")
         spark.range(args.rows).select("id", name, (F.col("id") / 7).alias("amount")).writeTo(f"lake.{table}").append()
         spark.sql(f"UPDATE lake.{table} SET amount = amount + 1 WHERE {updated}")
-        source = load_committed_table(config, paths, table)
+        source = lake.table(table)
         snapshot = source.current_snapshot()
         versions = [
             spark.read.option("snapshot-id", str(snapshot_id)).table(f"lake.{table}")

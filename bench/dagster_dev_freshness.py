@@ -47,6 +47,8 @@ from typing import Any
 
 import yaml
 
+from lakehouse_assets.lakehouse import Lakehouse
+
 STREAM = "bench_events"
 TABLE = "bench.events"
 TABLE_ASSET = "bench/events"
@@ -608,14 +610,11 @@ def stop_dagster(process: subprocess.Popen[bytes], work: Workdir) -> list[int]:
 
 def verify_exactly_once(expected: int, first_id: int, last_id: int) -> dict[str, Any]:
     """Count rows, distinct ids and the id range of the committed snapshot with DuckDB."""
-    from lakehouse_assets.config import load_config
     from lakehouse_assets.duck import iceberg_connection, scan
-    from lakehouse_assets.paths import LakehousePaths
-    from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 
-    config, paths = load_config(), LakehousePaths.from_env()
-    location = current_metadata_location(config, paths, TABLE)
-    table = load_committed_table(config, paths, TABLE) if location else None
+    lake = Lakehouse.from_env()
+    location = lake.metadata_location(TABLE)
+    table = lake.table(TABLE) if location else None
     snapshot = table.current_snapshot() if table else None
     if location is None or snapshot is None:
         return {"ok": False, "rows": 0, "distinct": 0, "min": None, "max": None, "snapshots": 0, "commits": 0}

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import yaml
 
+from lakehouse_assets.lakehouse import Lakehouse
+
 CUSTOMERS = {
     "name": "customers",
     "table_identifier": "bench.customers",
@@ -62,30 +64,25 @@ def _use_home(directory: Path, streams: list[dict]) -> None:
 def _commit_events(spark, lines: list[str], stream_name: str):
     """Land, mint, stage and commit one batch through the pipeline's own functions."""
     from lakehouse_assets.committer import commit_table
-    from lakehouse_assets.config import load_config
     from lakehouse_assets.landing import land_events
     from lakehouse_assets.micro_batching import mint_next_batch
-    from lakehouse_assets.paths import LakehousePaths
     from lakehouse_assets.staging import stage_batch
 
-    config, paths = load_config(), LakehousePaths.from_env()
-    stream = config.stream(stream_name)
-    land_events(paths, stream, lines)
-    batch, _ = mint_next_batch(config, paths, stream, drain=True)
-    stage_batch(spark, config, paths, stream, batch.sequence)
-    [result] = commit_table(spark, config, paths, stream.table_identifier, "bench").results
+    lake = Lakehouse.from_env()
+    stream = lake.stream(stream_name)
+    land_events(lake.paths, stream, lines)
+    batch, _ = mint_next_batch(lake, stream, drain=True)
+    stage_batch(spark, lake, stream, batch.sequence)
+    [result] = commit_table(spark, lake, stream.table_identifier, "bench").results
     return result
 
 
 def _query_seconds(identifier: str) -> dict[str, float]:
-    from lakehouse_assets.config import load_config
     from lakehouse_assets.duck import iceberg_connection, scan
-    from lakehouse_assets.paths import LakehousePaths
-    from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 
-    config, paths = load_config(), LakehousePaths.from_env()
-    location = current_metadata_location(config, paths, identifier)
-    table = scan(location, load_committed_table(config, paths, identifier).current_snapshot().snapshot_id)
+    lake = Lakehouse.from_env()
+    location = lake.metadata_location(identifier)
+    table = scan(location, lake.table(identifier).current_snapshot().snapshot_id)
     queries = {
         "count": f"SELECT count(*) FROM {table}",
         "filtered": f"SELECT avg(score) FROM {table} WHERE id BETWEEN 1000 AND 2000",
@@ -103,31 +100,24 @@ def _query_seconds(identifier: str) -> dict[str, float]:
 
 
 def _figures(identifier: str) -> dict:
-    from lakehouse_assets.config import load_config
-    from lakehouse_assets.paths import LakehousePaths
-    from lakehouse_assets.table_metadata import load_committed_table
     from lakehouse_assets.table_stats import table_stats
 
-    return table_stats(load_committed_table(load_config(), LakehousePaths.from_env(), identifier))
+    return table_stats(Lakehouse.from_env().table(identifier))
 
 
 def _maintain(spark, identifier: str) -> float:
-    from lakehouse_assets.config import load_config
     from lakehouse_assets.maintenance import maintain_table
-    from lakehouse_assets.paths import LakehousePaths
 
     started = time.perf_counter()
-    maintain_table(spark, load_config(), LakehousePaths.from_env(), identifier)
+    maintain_table(spark, Lakehouse.from_env(), identifier)
     return time.perf_counter() - started
 
 
 def query_latency(workdir: Path, change_batches: int, rows: int, changes: int) -> None:
-    from lakehouse_assets.config import load_config
-    from lakehouse_assets.paths import LakehousePaths
     from lakehouse_assets.spark import lakehouse_session
 
     _use_home(workdir / "queries", [CUSTOMERS])
-    spark = lakehouse_session(load_config(), LakehousePaths.from_env())
+    spark = lakehouse_session(Lakehouse.from_env())
     randomness = random.Random(7)
     inserts = [json.dumps({"op": "c", "id": i, "name": f"n{i}", "score": i * 0.5}) for i in range(rows)]
     _commit_events(spark, inserts, "customers")
@@ -157,15 +147,13 @@ def query_latency(workdir: Path, change_batches: int, rows: int, changes: int) -
 
 
 def commit_latency(workdir: Path, commits: int) -> None:
-    from lakehouse_assets.config import load_config
-    from lakehouse_assets.paths import LakehousePaths
     from lakehouse_assets.spark import lakehouse_session
 
     print(f"\ncommit latency over {commits} commits of 100 rows")
     print("home | first 10 mean s | last 10 mean s | last/first | snapshots | metadata bytes | maintenance s")
     for label, maintained in (("never maintained", False), ("maintained every 20 commits", True)):
         _use_home(workdir / label.replace(" ", "-"), [EVENTS])
-        spark = lakehouse_session(load_config(), LakehousePaths.from_env())
+        spark = lakehouse_session(Lakehouse.from_env())
         latencies, maintenance = [], 0.0
         for number in range(commits):
             lines = [json.dumps({"id": number * 100 + i, "kind": "click"}) for i in range(100)]

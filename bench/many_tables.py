@@ -41,10 +41,9 @@ BARE_WRITE = """
 import sys, time
 started = time.perf_counter()
 from pyspark.sql import functions as F
-from lakehouse_assets.config import load_config
-from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.spark import lakehouse_session
-spark = lakehouse_session(load_config(), LakehousePaths.from_env())
+spark = lakehouse_session(Lakehouse.from_env())
 schema = "tenant string, id long, amount double, ts timestamp"
 events = spark.read.schema(schema).json(sys.argv[1:]).cache()
 tenants = sorted(row[0] for row in events.select("tenant").distinct().collect())
@@ -117,21 +116,19 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, str]:
 
 def verify(payload: list[str], tables: int) -> int:
     """DuckDB's row count and distinct ids of every routed table against the oracle; the events found."""
-    from lakehouse_assets.config import load_config
     from lakehouse_assets.duck import iceberg_connection, scan
-    from lakehouse_assets.paths import LakehousePaths
-    from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
+    from lakehouse_assets.lakehouse import Lakehouse
 
-    config, paths = load_config(), LakehousePaths.from_env()
+    lake = Lakehouse.from_env()
     expected = Counter(json.loads(line)["tenant"] for line in payload)
     connection = iceberg_connection()
     found = 0
     for index in range(tables):
         identifier = f"{NAMESPACE}.{tenant_name(index)}"
-        table = load_committed_table(config, paths, identifier)
+        table = lake.table(identifier)
         if table is None or table.current_snapshot() is None:
             raise SystemExit(f"{identifier} was never committed")
-        snapshot = scan(current_metadata_location(config, paths, identifier), table.current_snapshot().snapshot_id)
+        snapshot = scan(lake.metadata_location(identifier), table.current_snapshot().snapshot_id)
         rows, ids = connection.sql(f"SELECT count(*), count(DISTINCT id) FROM {snapshot}").fetchone()
         if rows != expected[tenant_name(index)] or ids != rows:
             raise SystemExit(f"{identifier}: {rows} rows, {ids} distinct ids; expected {expected[tenant_name(index)]}")
@@ -170,14 +167,12 @@ def in_process(tables: int, count: int) -> dict[str, Any]:
 
 def visible_rows(tables: int) -> dict[str, int]:
     """Rows of each routed table's current snapshot (its summary's total), 0 while it has none."""
-    from lakehouse_assets.config import load_config
-    from lakehouse_assets.paths import LakehousePaths
-    from lakehouse_assets.table_metadata import load_committed_table
+    from lakehouse_assets.lakehouse import Lakehouse
 
-    config, paths = load_config(), LakehousePaths.from_env()
+    lake = Lakehouse.from_env()
     found = {}
     for index in range(tables):
-        table = load_committed_table(config, paths, f"{NAMESPACE}.{tenant_name(index)}")
+        table = lake.table(f"{NAMESPACE}.{tenant_name(index)}")
         snapshot = table.current_snapshot() if table else None
         found[tenant_name(index)] = int(snapshot.summary["total-records"]) if snapshot else 0
     return found

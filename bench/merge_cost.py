@@ -36,14 +36,13 @@ def main() -> None:
     import pyspark
     from pyspark.sql import functions as F
 
-    from lakehouse_assets.config import load_config
-    from lakehouse_assets.paths import LakehousePaths
+    from lakehouse_assets.lakehouse import Lakehouse
     from lakehouse_assets.spark import lakehouse_session
     from lakehouse_assets.staged_format import OPERATION_COLUMN
     from lakehouse_assets.table_writes import append_rows, count_changes, merge_changes
     from lakehouse_assets.tables import MERGE_ON_READ_PROPERTIES
 
-    spark = lakehouse_session(load_config(), LakehousePaths.from_env())
+    spark = lakehouse_session(Lakehouse.from_env())
     properties = ", ".join(f"'{k}'='{v}'" for k, v in {"format-version": "2", **MERGE_ON_READ_PROPERTIES}.items())
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores; Spark {pyspark.__version__} local[2], "

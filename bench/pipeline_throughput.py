@@ -67,10 +67,9 @@ STREAM = {
 BARE_APPEND = """
 import sys, time
 started = time.perf_counter()
-from lakehouse_assets.config import load_config
-from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.spark import lakehouse_session
-spark = lakehouse_session(load_config(), LakehousePaths.from_env())
+spark = lakehouse_session(Lakehouse.from_env())
 schema = "order_id long, customer_id long, amount double, currency string, status string, ts timestamp"
 spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.baseline")
 spark.sql(
@@ -107,16 +106,14 @@ def main() -> None:
     import dagster as dg
     import pyspark
 
-    from lakehouse_assets.config import load_config
     from lakehouse_assets.duck import iceberg_connection, scan
+    from lakehouse_assets.lakehouse import Lakehouse
     from lakehouse_assets.landing import land_events, landing_dir, list_landing_files
-    from lakehouse_assets.paths import LakehousePaths
-    from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 
-    config, paths = load_config(), LakehousePaths.from_env()
-    stream = config.stream("bench_orders")
-    land_events(paths, stream, _events(args.events), origin="bench")
-    files = [str(landing_dir(paths, stream) / f.name) for f in list_landing_files(landing_dir(paths, stream))]
+    lake = Lakehouse.from_env()
+    stream = lake.stream("bench_orders")
+    land_events(lake.paths, stream, _events(args.events), origin="bench")
+    files = [str(landing_dir(lake.paths, stream) / f.name) for f in list_landing_files(landing_dir(lake.paths, stream))]
     megabytes = sum(os.path.getsize(f) for f in files) / 1e6
 
     # Both sides are cold processes: each starts Python and a Spark JVM, reads the same files and
@@ -132,11 +129,11 @@ def main() -> None:
         stage = instance.get_latest_materialization_event(dg.AssetKey(["staging", "bench_orders"]))
         stage_metadata = {key: entry.value for key, entry in stage.asset_materialization.metadata.items()}
 
-    land_events(paths, stream, _events(1, seed=99)[:1])
+    land_events(lake.paths, stream, _events(1, seed=99)[:1])
     freshness_seconds = _timed(lakehouse)
 
-    table = load_committed_table(config, paths, "bench.orders")
-    location = current_metadata_location(config, paths, "bench.orders")
+    table = lake.table("bench.orders")
+    location = lake.metadata_location("bench.orders")
     rows = iceberg_connection().sql(f"SELECT count(*) FROM {scan(location, table.current_snapshot().snapshot_id)}")
     assert rows.fetchone()[0] == args.events + 1
 

@@ -15,13 +15,12 @@ from pyiceberg.table import StaticTable
 
 from lakehouse_assets import summary_keys
 from lakehouse_assets.branches import audit_state
-from lakehouse_assets.config import SYSTEM_COLUMN_PREFIX, ColumnSpec, ExpectationSpec, LakehouseConfig
+from lakehouse_assets.config import SYSTEM_COLUMN_PREFIX, ColumnSpec, ExpectationSpec
 from lakehouse_assets.duck import manifest_entries, scan
 from lakehouse_assets.iceberg_types import duckdb_type
-from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.recovery import CommitHistory, commit_history
 from lakehouse_assets.staged_format import DELETE, OPERATION_COLUMN, REASON_COLUMN
-from lakehouse_assets.table_metadata import load_committed_table
 
 EXPECTATION_EXAMPLES = 5
 
@@ -46,13 +45,13 @@ class CommittedSnapshot:
         return StaticTable.from_metadata(self.metadata_location)
 
 
-def current_snapshot(config: LakehouseConfig, paths: LakehousePaths, table_identifier: str) -> CommittedSnapshot | None:
+def current_snapshot(lake: Lakehouse, table_identifier: str) -> CommittedSnapshot | None:
     """The table's snapshot as it is now, whoever committed it: main's, or under ``publish: audit``
     the audit branch's while it holds commits main does not; None while the table has none."""
-    table = load_committed_table(config, paths, table_identifier)
+    table = lake.table(table_identifier)
     if table is None:
         return None
-    if config.audits(table_identifier) and (state := audit_state(table)).awaiting_publish:
+    if lake.config.audits(table_identifier) and (state := audit_state(table)).awaiting_publish:
         return CommittedSnapshot(table.metadata_location, state.audit)
     main = table.current_snapshot()
     return CommittedSnapshot(table.metadata_location, main.snapshot_id) if main else None

@@ -16,6 +16,7 @@ from lakehouse_assets.defs.check_status import blocking_check_names
 from lakehouse_assets.demo import run_demo
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.iceberg_source import forget_cursor
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import land_events
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.replay import replay_dead_letters
@@ -25,15 +26,15 @@ from lakehouse_assets.tables import require_static_tables
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    paths, config = LakehousePaths.from_env(), load_config()
-    stream = config.stream(args.stream)
+    lake = Lakehouse.from_env()
+    stream = lake.stream(args.stream)
     if stream.iceberg_source:
         raise ConfigError(f"stream {stream.name!r} takes its events from Iceberg table {stream.iceberg_source.table}")
     if args.file == "-":
-        landed = land_events(paths, stream, sys.stdin.buffer, origin="stdin")
+        landed = land_events(lake.paths, stream, sys.stdin.buffer, origin="stdin")
     else:
         with open(args.file, "rb") as handle:
-            landed = land_events(paths, stream, handle, origin=args.file)
+            landed = land_events(lake.paths, stream, handle, origin=args.file)
     for path in landed:
         print(f"landed {path}")
     if not landed:
@@ -45,9 +46,9 @@ def _run(args: argparse.Namespace) -> int:
     if not args.until_idle:
         print("use `dagster dev` for a long-running pipeline, or `lakehouse run --until-idle`", file=sys.stderr)
         return 2
-    paths = LakehousePaths.from_env()
-    require_static_tables(load_config(), paths)
-    with dagster_instance(paths) as instance:
+    lake = Lakehouse.from_env()
+    require_static_tables(lake)
+    with dagster_instance(lake.paths) as instance:
         report = run_pipeline_until_idle(instance)
     print(f"idle: {len(report.succeeded)} runs succeeded, {len(report.failed)} failed")
     return 1 if report.failed else 0
@@ -88,12 +89,12 @@ def _maintenance_runs(config: LakehouseConfig, tables: list[str]) -> list[tuple[
 
 
 def _maintain(args: argparse.Namespace) -> int:
-    paths, config = LakehousePaths.from_env(), load_config()
-    tables = _selected_tables(config, args.table)
-    repository = build_definitions(config).get_repository_def()
+    lake = Lakehouse.from_env()
+    tables = _selected_tables(lake.config, args.table)
+    repository = build_definitions(lake.config).get_repository_def()
     failed = 0
-    with dagster_instance(paths) as instance:
-        for job_name, op_name, run_config, covered in _maintenance_runs(config, tables):
+    with dagster_instance(lake.paths) as instance:
+        for job_name, op_name, run_config, covered in _maintenance_runs(lake.config, tables):
             result = run_job(repository.get_job(job_name), instance, run_config)
             for observation in result.asset_observations_for_node(op_name):
                 figures = ", ".join(f"{key} {entry.value}" for key, entry in observation.metadata.items())
@@ -132,25 +133,25 @@ def _check_runs(
 
 
 def _check(args: argparse.Namespace) -> int:
-    paths, config = LakehousePaths.from_env(), load_config()
+    lake = Lakehouse.from_env()
     tables = []
-    for table in _selected_tables(config, args.table):
-        if current_snapshot(config, paths, table) is None:
+    for table in _selected_tables(lake.config, args.table):
+        if current_snapshot(lake, table) is None:
             print(f"{table}: no snapshot yet; nothing to check")
         else:
             tables.append(table)
     not_passed = 0
-    with dagster_instance(paths) as instance:
-        for job, run_config, covered in _check_runs(build_definitions(config), config, tables):
+    with dagster_instance(lake.paths) as instance:
+        for job, run_config, covered in _check_runs(build_definitions(lake.config), lake.config, tables):
             result = run_job(job, instance, run_config)
             for table in covered:
-                not_passed += _print_check_results(table, blocking_check_names(config.tables()[table]), result)
+                not_passed += _print_check_results(table, blocking_check_names(lake.config.tables()[table]), result)
     print(f"{not_passed} blocking checks did not pass" if not_passed else "every blocking check passed")
     return 1 if not_passed else 0
 
 
 def _dlq_replay(args: argparse.Namespace) -> int:
-    report = replay_dead_letters(load_config(), LakehousePaths.from_env(), args.table, args.reason)
+    report = replay_dead_letters(Lakehouse.from_env(), args.table, args.reason)
     for stream, count in report.landed.items():
         print(f"stream {stream}: {count} dead letters landed again; they leave the dead-letter table when they commit")
     if not report.landed:
@@ -210,9 +211,9 @@ def _print_status(entries: list[dict]) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    paths = LakehousePaths.from_env()
-    with dagster_instance(paths) as instance:
-        entries = lakehouse_status(load_config(), paths, instance)
+    lake = Lakehouse.from_env()
+    with dagster_instance(lake.paths) as instance:
+        entries = lakehouse_status(lake, instance)
     if args.json:
         print(json.dumps(entries, indent=2))
     else:
@@ -223,13 +224,13 @@ def _status(args: argparse.Namespace) -> int:
 def _run_audit_job(table: str, job_name: str) -> dg.ExecuteInProcessResult:
     """Run one of an audited table's jobs in this process, recorded in the Dagster instance."""
 
-    paths, config = LakehousePaths.from_env(), load_config()
-    if table not in config.tables():
-        raise ConfigError(f"unknown table {table!r}; configured tables: {', '.join(config.tables())}")
-    if not config.audits(table):
+    lake = Lakehouse.from_env()
+    if table not in lake.config.tables():
+        raise ConfigError(f"unknown table {table!r}; configured tables: {', '.join(lake.config.tables())}")
+    if not lake.config.audits(table):
         raise ConfigError(f"{table} is published directly (publish: direct); it has no audit branch")
-    with dagster_instance(paths) as instance:
-        return run_job(build_definitions(config).resolve_job_def(job_name), instance)
+    with dagster_instance(lake.paths) as instance:
+        return run_job(build_definitions(lake.config).resolve_job_def(job_name), instance)
 
 
 def _audit_publish(args: argparse.Namespace) -> int:

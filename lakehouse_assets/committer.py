@@ -39,11 +39,12 @@ from lakehouse_assets import faults, summary_keys
 from lakehouse_assets.batch_ledger import BatchRecord, CommittedBatch, StreamLedger
 from lakehouse_assets.branches import AuditState, audit_state, sync_audit_branch
 from lakehouse_assets.completeness import count_late_events, next_watermark
-from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.conversion import accepted_rows
 from lakehouse_assets.dead_letters import commit_dead_letters
 from lakehouse_assets.errors import CommitOutcomeUnknownError, FencedError, SequenceGapError
 from lakehouse_assets.faults import crash_point
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.pass_branches import (
     abandoned_pass_branches,
@@ -51,7 +52,6 @@ from lakehouse_assets.pass_branches import (
     uses_pass_branches,
     written_on_pass_branch,
 )
-from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import (
     AUDIT_BRANCH,
     MAIN_BRANCH,
@@ -64,8 +64,6 @@ from lakehouse_assets.recovery import (
 from lakehouse_assets.schema_evolution import add_missing_columns, columns_added_since_last_snapshot, proposed_fields
 from lakehouse_assets.staging import stage_batch
 from lakehouse_assets.table_metadata import (
-    current_metadata_location,
-    load_committed_table,
     qualified_name,
 )
 from lakehouse_assets.table_writes import ChangeCounts, append_rows, count_changes, merge_changes
@@ -153,8 +151,7 @@ class CommitterPass:
     """One committer pass over one table: its engine, epoch and the table state it expects."""
 
     spark: SparkSession
-    config: LakehouseConfig
-    paths: LakehousePaths
+    lake: Lakehouse
     table_identifier: str
     run_id: str
     epoch: int
@@ -169,20 +166,18 @@ class CommitterPass:
     def begin(
         cls,
         spark: SparkSession,
-        config: LakehouseConfig,
-        paths: LakehousePaths,
+        lake: Lakehouse,
         table_identifier: str,
         run_id: str,
         branch: str = MAIN_BRANCH,
     ) -> CommitterPass:
         """A pass over the table as it is now: an epoch above every epoch in its branch's ancestry,
         and the branch's head as the base it expects."""
-        table = load_committed_table(config, paths, table_identifier)
+        table = lake.table(table_identifier)
         head = branch_head(table, branch)
         return cls(
             spark=spark,
-            config=config,
-            paths=paths,
+            lake=lake,
             table_identifier=table_identifier,
             run_id=run_id,
             epoch=next_epoch(table, branch),
@@ -196,7 +191,7 @@ class CommitterPass:
         return summary_keys.CommitStamp(self.epoch, self.run_id)
 
     def table(self) -> Table | None:
-        return load_committed_table(self.config, self.paths, self.table_identifier)
+        return self.lake.table(self.table_identifier)
 
     def check_fence(self) -> None:
         """Raise FencedError when the branch moved from the expected base or a newer committer wrote."""
@@ -217,7 +212,7 @@ class CommitterPass:
 
 
 @dataclass(frozen=True)
-class CommitPass:
+class CommitOutcome:
     """What a committer pass found and did."""
 
     plans: list[CommitPlan]
@@ -227,24 +222,24 @@ class CommitPass:
     """Under ``publish: audit``: the audit branch holds commits main does not, so nothing new was committed."""
 
 
-def _ensure_staged_data(ctx: CommitterPass, stream: StreamSpec, record: BatchRecord) -> BatchRecord:
+def _ensure_staged_data(committer: CommitterPass, stream: StreamSpec, record: BatchRecord) -> BatchRecord:
     """The batch with its staged Parquet, staging it again from its landing files if it is gone."""
     if record.events_path().is_dir():
         return record
-    ledger = StreamLedger(ctx.paths.staging(stream.name))
+    ledger = committer.lake.ledger(stream.name)
     ledger.reset_to_minted(record.sequence)
-    stage_batch(ctx.spark, ctx.config, ctx.paths, stream, record.sequence, run_id=ctx.run_id)
+    stage_batch(committer.spark, committer.lake, stream, record.sequence, run_id=committer.run_id)
     return ledger.batch(record.sequence)
 
 
-def _has_ready_batches(ctx: CommitterPass, streams: list[StreamSpec]) -> bool:
+def _has_ready_batches(committer: CommitterPass, streams: list[StreamSpec]) -> bool:
     """Whether any stream has a staged batch above what the target's ancestry holds (or a gap,
     which its stream's commit reports)."""
-    table = ctx.table()
+    table = committer.table()
     for stream in streams:
-        committed = committed_state(table, stream.name, ctx.target).sequence
+        committed = committed_state(table, stream.name, committer.target).sequence
         try:
-            if plan_commit(StreamLedger(ctx.paths.staging(stream.name)), stream.name, committed).ready:
+            if plan_commit(committer.lake.ledger(stream.name), stream.name, committed).ready:
                 return True
         except SequenceGapError:
             return True
@@ -255,14 +250,16 @@ def _is_commit_conflict(error: Exception) -> bool:
     return "CommitFailedException" in str(error)
 
 
-def _write_until_landed(ctx: CommitterPass, stream: StreamSpec, last_sequence: int, write: Callable[[], None]) -> Table:
+def _write_until_landed(
+    committer: CommitterPass, stream: StreamSpec, last_sequence: int, write: Callable[[], None]
+) -> Table:
     """Run ``write`` until the ancestry shows ``last_sequence``; returns the table as committed.
 
     Only the ancestry decides: a write that raised may have landed (the catalog failed after the
     commit), and one that returned is confirmed. A commit conflict is retried after re-reading.
     """
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
-        ctx.check_fence()
+        committer.check_fence()
         crash_point(faults.COMMITTER_BEFORE_COMMIT)
         try:
             write()
@@ -270,27 +267,27 @@ def _write_until_landed(ctx: CommitterPass, stream: StreamSpec, last_sequence: i
             error = None
         except Exception as raised:  # noqa: BLE001 - py4j errors of any kind; the ancestry decides below
             error = raised
-        confirmed = ctx.table()
-        if committed_state(confirmed, stream.name, ctx.branch).sequence >= last_sequence:
+        confirmed = committer.table()
+        if committed_state(confirmed, stream.name, committer.branch).sequence >= last_sequence:
             return confirmed
         if error is None:
             raise CommitOutcomeUnknownError(
-                f"table {ctx.table_identifier}: the commit of batch {last_sequence} returned but the ancestry "
+                f"table {committer.table_identifier}: the commit of batch {last_sequence} returned but the ancestry "
                 "does not show it; staged data is kept for the next run"
             )
         if not _is_commit_conflict(error) or attempt == COMMIT_ATTEMPTS:
             raise error
-        ctx.expected_snapshot_id = branch_head(confirmed, ctx.branch).snapshot_id
+        committer.expected_snapshot_id = branch_head(confirmed, committer.branch).snapshot_id
     raise AssertionError("unreachable")
 
 
-def _evolve_schema(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> None:
+def _evolve_schema(committer: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> None:
     """Add the columns the batches' events brought that the table still lacks (lock held)."""
     proposed: dict[str, str] = {}
     for record in batches:
         for name, kind in proposed_fields(record.staged.new_columns).items():
             proposed.setdefault(name, kind)
-    if proposed and add_missing_columns(ctx.spark, stream.table_identifier, proposed):
+    if proposed and add_missing_columns(committer.spark, stream.table_identifier, proposed):
         crash_point(faults.COMMITTER_AFTER_SCHEMA_CHANGE)
 
 
@@ -304,11 +301,11 @@ def _triggering_batches(schema_change: dict[str, str], batches: list[BatchRecord
     return triggered
 
 
-def _record_completeness(ctx: CommitterPass, stream: StreamSpec, staged: DataFrame, properties: dict) -> int:
+def _record_completeness(committer: CommitterPass, stream: StreamSpec, staged: DataFrame, properties: dict) -> int:
     """Add the stream's new watermark and the batch's late-event count to the commit's summary."""
     if stream.completeness is None:
         return 0
-    before = table_history(ctx.table(), ctx.branch).watermark(stream.name)
+    before = table_history(committer.table(), committer.branch).watermark(stream.name)
     batch_max = properties[summary_keys.MAX_EVENT_TIME] or None
     after = next_watermark(before, batch_max, stream.completeness.allowed_lateness)
     late = count_late_events(staged, stream.resolved_event_time_column(), before)
@@ -316,32 +313,32 @@ def _record_completeness(ctx: CommitterPass, stream: StreamSpec, staged: DataFra
     return late
 
 
-def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> CommitResult:
+def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> CommitResult:
     """Publish ``batches`` in one commit (an append, or one MERGE for a change stream)."""
     identifier = stream.table_identifier
     started = time.monotonic()
-    batches = [_ensure_staged_data(ctx, stream, record) for record in batches]
-    if ctx.target == MAIN_BRANCH:
-        dead_letters = commit_dead_letters(ctx.spark, ctx.config, ctx.paths, stream, batches, ctx.stamp)
+    batches = [_ensure_staged_data(committer, stream, record) for record in batches]
+    if committer.target == MAIN_BRANCH:
+        dead_letters = commit_dead_letters(committer.spark, committer.lake, stream, batches, committer.stamp)
         crash_point(faults.COMMITTER_AFTER_DEAD_LETTERS)
     else:
         # Audited batches send their dead letters when they are published: a discarded batch is
         # staged again, maybe with other rejects, so its first rejects must not be kept.
         dead_letters = sum(record.staged.rejected for record in batches)
-    spark = ctx.spark
-    _evolve_schema(ctx, stream, batches)
-    table_schema = spark.table(qualified_name(identifier, ctx.branch)).schema
+    spark = committer.spark
+    _evolve_schema(committer, stream, batches)
+    table_schema = spark.table(qualified_name(identifier, committer.branch)).schema
     columns = table_schema.fieldNames()
     # Each batch is aligned to the table on its own: batches staged with different new columns, or
     # with different types for one (the first committed type wins), cannot be read as one.
     aligned = [accepted_rows(spark.read.parquet(str(record.events_path())), table_schema) for record in batches]
     staged = reduce(DataFrame.unionByName, aligned)
-    keys = identifier_columns(ctx.config, ctx.paths, stream)
+    keys = identifier_columns(committer.lake, stream)
     if keys:
-        counts = count_changes(spark, identifier, staged, keys, ctx.branch, stream.order_column)
+        counts = count_changes(spark, identifier, staged, keys, committer.branch, stream.order_column)
         rows = counts.inserted + counts.updated
         net_rows = counts.inserted - counts.deleted
-        properties = summary_keys.commit_summary(stream.name, batches, rows, net_rows, ctx.stamp)
+        properties = summary_keys.commit_summary(stream.name, batches, rows, net_rows, committer.stamp)
         properties.update(
             {
                 summary_keys.INSERTED: str(counts.inserted),
@@ -352,24 +349,33 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
         )
         view = f"lakehouse_changes_{stream.name}_{batches[0].sequence}"
         write = partial(
-            merge_changes, spark, identifier, staged, keys, columns, properties, view, ctx.branch, stream.order_column
+            merge_changes,
+            spark,
+            identifier,
+            staged,
+            keys,
+            columns,
+            properties,
+            view,
+            committer.branch,
+            stream.order_column,
         )
     else:
         rows = sum(record.staged.rows for record in batches)
         counts = ChangeCounts(inserted=rows, updated=0, deleted=0)
-        properties = summary_keys.commit_summary(stream.name, batches, rows, rows, ctx.stamp)
-        write = partial(append_rows, staged.select(*columns), identifier, properties, ctx.branch)
-    late_events = _record_completeness(ctx, stream, staged, properties)
-    schema_change = columns_added_since_last_snapshot(ctx.table(), ctx.branch)
+        properties = summary_keys.commit_summary(stream.name, batches, rows, rows, committer.stamp)
+        write = partial(append_rows, staged.select(*columns), identifier, properties, committer.branch)
+    late_events = _record_completeness(committer, stream, staged, properties)
+    schema_change = columns_added_since_last_snapshot(committer.table(), committer.branch)
     if schema_change:
         properties[summary_keys.SCHEMA_CHANGE] = json.dumps(schema_change)
         properties[summary_keys.SCHEMA_CHANGE_BATCHES] = json.dumps(_triggering_batches(schema_change, batches))
-    confirmed = _write_until_landed(ctx, stream, batches[-1].sequence, write)
+    confirmed = _write_until_landed(committer, stream, batches[-1].sequence, write)
     crash_point(faults.COMMITTER_AFTER_COMMIT)
-    snapshot = branch_head(confirmed, ctx.branch)
-    ctx.expected_snapshot_id = snapshot.snapshot_id
+    snapshot = branch_head(confirmed, committer.branch)
+    committer.expected_snapshot_id = snapshot.snapshot_id
     committed_at = time.time()
-    ledger = StreamLedger(ctx.paths.staging(stream.name))
+    ledger = committer.lake.ledger(stream.name)
     for record in batches:
         ledger.record_committed(
             record.sequence, CommittedBatch(snapshot.snapshot_id, batches[-1].sequence, committed_at)
@@ -380,7 +386,7 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
         stream=stream.name,
         kind="merge" if keys else "append",
         snapshot_id=snapshot.snapshot_id,
-        metadata_location=current_metadata_location(ctx.config, ctx.paths, identifier),
+        metadata_location=committer.lake.metadata_location(identifier),
         first_sequence=batches[0].sequence,
         last_sequence=batches[-1].sequence,
         rows=rows,
@@ -397,14 +403,14 @@ def _commit_group(ctx: CommitterPass, stream: StreamSpec, batches: list[BatchRec
         watermark=properties.get(summary_keys.WATERMARK) or None,
         late_events=late_events,
         schema_change=schema_change,
-        epoch=ctx.epoch,
+        epoch=committer.epoch,
         source_snapshot=properties.get(summary_keys.SOURCE_SNAPSHOT),
         schema_change_batches=json.loads(properties.get(summary_keys.SCHEMA_CHANGE_BATCHES, "{}")),
     )
 
 
 def _commit_stream(
-    ctx: CommitterPass,
+    committer: CommitterPass,
     stream: StreamSpec,
     plans: list[CommitPlan],
     results: list[CommitResult],
@@ -412,8 +418,8 @@ def _commit_stream(
 ) -> None:
     """Mark what the branch already holds committed, then (unless publishing waits) commit the
     ready batches."""
-    ledger = StreamLedger(ctx.paths.staging(stream.name))
-    history = table_history(ctx.table(), ctx.branch)
+    ledger = committer.lake.ledger(stream.name)
+    history = table_history(committer.table(), committer.branch)
     plan = plan_commit(ledger, stream.name, history.sequence(stream.name))
     plans.append(plan)
     for sequence in plan.recovered:
@@ -435,7 +441,7 @@ def _commit_stream(
     # batch's deletes and upserts checkable on its own snapshot.
     groups = [[record] for record in plan.ready] if stream.applies_changes else [plan.ready] if plan.ready else []
     for group in groups:
-        results.append(_commit_group(ctx, stream, group))
+        results.append(_commit_group(committer, stream, group))
 
 
 def _remove_published_attempts(ledger: StreamLedger, published_sequence: int) -> None:
@@ -452,65 +458,73 @@ def _remove_published_attempts(ledger: StreamLedger, published_sequence: int) ->
             crash_point(faults.COMMITTER_DURING_CLEANUP)
 
 
-def _prepare_audit_branch(ctx: CommitterPass) -> AuditState | None:
+def _prepare_audit_branch(committer: CommitterPass) -> AuditState | None:
     """Under ``publish: audit`` (lock held, fence checked): the audit branch created or brought up
     to main, and its state; None for a table published directly or not created yet."""
-    table = ctx.table()
-    if ctx.branch == MAIN_BRANCH or table is None:
+    table = committer.table()
+    if committer.branch == MAIN_BRANCH or table is None:
         return None
-    if sync_audit_branch(ctx.spark, table, ctx.table_identifier):
+    if sync_audit_branch(committer.spark, table, committer.table_identifier):
         # This pass moved the branch itself, holding the lock: its new head is the expected base.
-        table = ctx.table()
-        ctx.expected_snapshot_id = branch_head(table, ctx.branch).snapshot_id
+        table = committer.table()
+        committer.expected_snapshot_id = branch_head(table, committer.branch).snapshot_id
     return audit_state(table)
 
 
 def commit_table(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     table_identifier: str,
     run_id: str,
-) -> CommitPass:
+) -> CommitOutcome:
     """Commit every stream's ready batches to one table (to its audit branch under ``publish:
     audit``, and only while that branch holds nothing unpublished), unless fenced by another committer."""
-    streams = config.tables()[table_identifier]
-    branch = AUDIT_BRANCH if config.audits(table_identifier) else MAIN_BRANCH
-    ctx = CommitterPass.begin(spark, config, paths, table_identifier, run_id, branch)
+    streams = lake.config.tables()[table_identifier]
+    branch = AUDIT_BRANCH if lake.config.audits(table_identifier) else MAIN_BRANCH
+    committer = CommitterPass.begin(spark, lake, table_identifier, run_id, branch)
     crash_point(faults.COMMITTER_BEFORE_LOCK)
     plans: list[CommitPlan] = []
     results: list[CommitResult] = []
-    with exclusive_lock(table_lock_file(paths.locks, table_identifier)):
+    with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
         # Under the lock: the checks of another run read staged Parquet holding the same lock.
-        main = ctx.table()
+        main = committer.table()
         for stream in streams:
             published = committed_state(main, stream.name).sequence
-            _remove_published_attempts(StreamLedger(paths.staging(stream.name)), published)
+            _remove_published_attempts(lake.ledger(stream.name), published)
         for name in abandoned_pass_branches(main):
             drop_pass_branch(spark, table_identifier, name)
         try:
-            ctx.check_fence()
-            audit = _prepare_audit_branch(ctx)
+            committer.check_fence()
+            audit = _prepare_audit_branch(committer)
             publish_waits = bool(audit and audit.awaiting_publish)
-            fenced_by_catalog = uses_pass_branches(config) and not publish_waits and _has_ready_batches(ctx, streams)
+            fenced_by_catalog = (
+                uses_pass_branches(lake.config) and not publish_waits and _has_ready_batches(committer, streams)
+            )
             through = (
-                written_on_pass_branch(spark, config, table_identifier, ctx.expected_snapshot_id, ctx.target, ctx.stamp)
+                written_on_pass_branch(
+                    spark,
+                    lake.config,
+                    table_identifier,
+                    committer.expected_snapshot_id,
+                    committer.target,
+                    committer.stamp,
+                )
                 if fenced_by_catalog
-                else nullcontext(ctx.target)
+                else nullcontext(committer.target)
             )
             with through as branch:
-                if branch != ctx.target:
+                if branch != committer.target:
                     # A pass branch of a table with no snapshot yet starts at a new empty one.
-                    ctx.branch = branch
-                    ctx.expected_snapshot_id = branch_head(ctx.table(), branch).snapshot_id
+                    committer.branch = branch
+                    committer.expected_snapshot_id = branch_head(committer.table(), branch).snapshot_id
                 for stream in streams:
-                    _commit_stream(ctx, stream, plans, results, publish_waits)
+                    _commit_stream(committer, stream, plans, results, publish_waits)
         except FencedError as fenced:
             # On a pass branch nothing was published; on the target itself, what landed before the fence was.
-            return CommitPass(plans, [] if ctx.branch != ctx.target else results, fenced=str(fenced))
+            return CommitOutcome(plans, [] if committer.branch != committer.target else results, fenced=str(fenced))
         finally:
-            ctx.branch = ctx.target
-        if uses_pass_branches(config):
-            location = current_metadata_location(config, paths, table_identifier)
+            committer.branch = committer.target
+        if uses_pass_branches(lake.config):
+            location = lake.metadata_location(table_identifier)
             results = [replace(result, metadata_location=location) for result in results]
-    return CommitPass(plans, results, awaiting_publish=audit if audit and audit.awaiting_publish else None)
+    return CommitOutcome(plans, results, awaiting_publish=audit if audit and audit.awaiting_publish else None)

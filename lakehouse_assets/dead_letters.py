@@ -12,14 +12,14 @@ from pyspark.sql import functions as F
 
 from lakehouse_assets import summary_keys
 from lakehouse_assets.batch_ledger import BatchRecord
-from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.conversion import rejected_events
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.pass_branches import abandoned_pass_branches, drop_pass_branch, written_on_pass_branch
-from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import MAIN_BRANCH, branch_head, committed_state
 from lakehouse_assets.summary_keys import CommitStamp
-from lakehouse_assets.table_metadata import load_committed_table, qualified_name
+from lakehouse_assets.table_metadata import qualified_name
 from lakehouse_assets.table_writes import append_rows, run_with_commit_properties
 from lakehouse_assets.tables import MANAGED_TABLE_PROPERTIES
 
@@ -130,8 +130,7 @@ def replace_dead_letters(
 
 def commit_dead_letters(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     stream: StreamSpec,
     batches: list[BatchRecord],
     stamp: CommitStamp,
@@ -140,13 +139,13 @@ def commit_dead_letters(
     letters they replay, in one commit stamped ``stamp``, unless the dead-letter table's ancestry
     has these batches. Returns how many events the batches rejected."""
     identifier = stream_dead_letter_identifier(stream)
-    directory = landing_dir(paths, stream)
+    directory = landing_dir(lake.paths, stream)
     replays = {record.sequence: replayed_keys(directory, record.minted.files) for record in batches}
     count = sum(record.staged.rejected for record in batches)
     if count == 0 and not any(replays.values()):
         return 0
     ensure_dead_letter_table(spark, identifier)
-    table = load_committed_table(config, paths, identifier)
+    table = lake.table(identifier)
     already = committed_state(table, stream.name).sequence
     pending = [r for r in batches if r.sequence > already and (r.staged.rejected or replays[r.sequence])]
     if not pending:
@@ -160,7 +159,7 @@ def commit_dead_letters(
         drop_pass_branch(spark, identifier, abandoned)
     head = branch_head(table, MAIN_BRANCH)
     with written_on_pass_branch(
-        spark, config, identifier, head.snapshot_id if head else None, MAIN_BRANCH, stamp
+        spark, lake.config, identifier, head.snapshot_id if head else None, MAIN_BRANCH, stamp
     ) as branch:
         if replayed:
             properties[summary_keys.NET_ROWS] = str(rows - len(replayed))

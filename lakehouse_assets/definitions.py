@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from lakehouse_assets.config import LakehouseConfig, StreamSpec, load_config
+from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import complete_days_asset, router_asset, staged_batches_asset, table_asset
 from lakehouse_assets.defs.checks import check_job, table_checks
@@ -22,7 +22,7 @@ from lakehouse_assets.defs.routed_tables import (
     routed_tables_sensor,
 )
 from lakehouse_assets.defs.sensors import landing_sensor, staged_batches_sensor
-from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.tables import require_static_tables
 
 
@@ -130,6 +130,6 @@ def defs() -> dg.Definitions:
     """The code location, built when Dagster loads it (importing this module reads no file): fails
     to load, naming them, when static tables are missing and may not be created (``auto_create:
     false``), as the sink RFC requires at startup."""
-    config = load_config()
-    require_static_tables(config, LakehousePaths.from_env())
-    return build_definitions(config)
+    lake = Lakehouse.from_env()
+    require_static_tables(lake)
+    return build_definitions(lake.config)

@@ -7,14 +7,12 @@ import os
 import random
 from datetime import datetime, timedelta, timezone
 
-from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.duck import iceberg_connection, scan
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import land_events
-from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runner import dagster_instance, run_until_idle
 from lakehouse_assets.status import lakehouse_status
-from lakehouse_assets.table_metadata import current_metadata_location
 
 DEMO_SEED = 7
 
@@ -40,16 +38,16 @@ def sample_orders(count: int, first_order_id: int = 1, seed: int = DEMO_SEED) ->
 
 def run_demo(events: int) -> int:
     """Land ``events`` sample orders in the first stream, run until idle, print a summary."""
-    config, paths = load_config(), LakehousePaths.from_env()
-    stream = config.streams[0]
-    landed = land_events(paths, stream, sample_orders(events), origin="demo")
+    lake = Lakehouse.from_env()
+    stream = lake.config.streams[0]
+    landed = land_events(lake.paths, stream, sample_orders(events), origin="demo")
     print(f"landed {events + 1} events in {landed[0].parent}")
-    with dagster_instance(paths) as instance:
-        report = run_until_idle(build_definitions(config), instance)
-        status = lakehouse_status(config, paths, instance)
+    with dagster_instance(lake.paths) as instance:
+        report = run_until_idle(build_definitions(lake.config), instance)
+        status = lakehouse_status(lake, instance)
     connection = iceberg_connection()
     for entry in status:
-        location = current_metadata_location(config, paths, entry["table"])
+        location = lake.metadata_location(entry["table"])
         if location and entry["snapshot_id"]:
             count = connection.sql(f"SELECT count(*) FROM {scan(location, entry['snapshot_id'])}").fetchone()[0]
             print(f"DuckDB reads {count} rows from {entry['table']} at snapshot {entry['snapshot_id']}")

@@ -18,9 +18,10 @@ from functools import partial
 from pyspark.sql import SparkSession
 
 from lakehouse_assets.batch_ledger import StreamLedger
-from lakehouse_assets.committer import CommitPass, CommitResult, commit_table
-from lakehouse_assets.config import LakehouseConfig, StreamSpec, routed_stream_name
+from lakehouse_assets.committer import CommitOutcome, CommitResult, commit_table
+from lakehouse_assets.config import StreamSpec, routed_stream_name
 from lakehouse_assets.errors import describe_error
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import list_landing_files
 from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.paths import LakehousePaths
@@ -49,8 +50,7 @@ def tables_with_pending_routes(paths: LakehousePaths, router: StreamSpec, tables
 
 def stage_routed_tables(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     router: StreamSpec,
     tables: list[str],
     run_id: str,
@@ -61,12 +61,12 @@ def stage_routed_tables(
     the tables that could not be staged, with the error; the others are staged."""
     pending: list[PendingBatch] = []
     for table in tables:
-        stream = config.stream(routed_stream_name(router.name, table))
-        while mint_next_batch(config, paths, stream, drain=True)[0] is not None:
+        stream = lake.stream(routed_stream_name(router.name, table))
+        while mint_next_batch(lake, stream, drain=True)[0] is not None:
             pass
-        records = StreamLedger(paths.staging(stream.name)).batches()
+        records = lake.ledger(stream.name).batches()
         pending.extend(PendingBatch(stream, record) for record in records if record.staged is None)
-    return stage_routed_batches(spark, config, paths, router, pending, run_id)
+    return stage_routed_batches(spark, lake, router, pending, run_id)
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,7 @@ class NewRoutes:
 
 def commit_new_routes(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     router: StreamSpec,
     tables: list[str],
     run_id: str,
@@ -88,9 +87,9 @@ def commit_new_routes(
     """Stage and commit every route to ``tables``, routed tables that have no committer of their
     own yet; the derived streams' ledgers, locks and fencing make this safe next to any other
     committer. A table that cannot be staged or committed holds back no other."""
-    failed = stage_routed_tables(spark, config, paths, router, tables, run_id)
+    failed = stage_routed_tables(spark, lake, router, tables, run_id)
     results: list[CommitResult] = []
-    commit = partial(commit_table, spark, config, paths, run_id=run_id)
+    commit = partial(commit_table, spark, lake, run_id=run_id)
     for table, outcome in commit_concurrently(commit, [table for table in tables if table not in failed]):
         if isinstance(outcome, Exception):
             failed[table] = describe_error(outcome)
@@ -100,8 +99,8 @@ def commit_new_routes(
 
 
 def commit_concurrently(
-    commit: Callable[[str], CommitPass], tables: list[str]
-) -> Iterator[tuple[str, CommitPass | Exception]]:
+    commit: Callable[[str], CommitOutcome], tables: list[str]
+) -> Iterator[tuple[str, CommitOutcome | Exception]]:
     """``commit(table)`` for each table, ``CONCURRENT_COMMITS`` at a time, yielding each table's
     pass as soon as it is done (so it is reported before the others finish), or the exception it
     raised: one table's failure never stops the others."""

@@ -40,14 +40,15 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from lakehouse_assets import faults
-from lakehouse_assets.config import ColumnSpec, LakehouseConfig, StreamSpec
+from lakehouse_assets.config import ColumnSpec, StreamSpec
 from lakehouse_assets.errors import LakehouseError, SourceCheckpointError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.iceberg_types import iceberg_type_name
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import LANDING_SUFFIX, landing_dir, source_file_prefix
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.table_metadata import load_committed_table, qualified_name
+from lakehouse_assets.table_metadata import qualified_name
 
 CURSOR_FILE = "source.json"
 INSERT, DELETE, UPDATE_AFTER = "INSERT", "DELETE", "UPDATE_AFTER"
@@ -96,21 +97,21 @@ def forget_cursor(paths: LakehousePaths, stream: StreamSpec) -> None:
     (paths.staging(stream.name) / CURSOR_FILE).unlink(missing_ok=True)
 
 
-def load_source_table(config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec) -> Table | None:
+def load_source_table(lake: Lakehouse, stream: StreamSpec) -> Table | None:
     """The source table as last committed (PyIceberg, no JVM), from its own catalog if it has one."""
-    return load_committed_table(config.source_catalog(stream), paths, stream.iceberg_source.table)
+    return lake.source(stream).table(stream.iceberg_source.table)
 
 
-def source_table(config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec) -> Table:
-    table = load_source_table(config, paths, stream)
+def source_table(lake: Lakehouse, stream: StreamSpec) -> Table:
+    table = load_source_table(lake, stream)
     if table is None:
         raise LakehouseError(f"stream {stream.name!r}: source table {stream.iceberg_source.table} does not exist")
     return table
 
 
-def source_columns(config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec) -> list[ColumnSpec]:
+def source_columns(lake: Lakehouse, stream: StreamSpec) -> list[ColumnSpec]:
     """The downstream table's columns when the stream creates it: the source's, with its types."""
-    schema = source_table(config, paths, stream).schema()
+    schema = source_table(lake, stream).schema()
     keys = set(stream.identifier_columns or [])
     return [
         ColumnSpec(
@@ -170,14 +171,12 @@ def _snapshot_rows(spark: SparkSession, stream: StreamSpec, snapshot_id: int) ->
     return spark.read.option("snapshot-id", str(snapshot_id)).table(_spark_name(stream))
 
 
-def _initial_load(
-    spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec, snapshot: Snapshot
-) -> DataFrame:
+def _initial_load(spark: SparkSession, lake: Lakehouse, stream: StreamSpec, snapshot: Snapshot) -> DataFrame:
     """Every row of the snapshot as an upsert, and a delete per downstream key the source lacks."""
     source = _snapshot_rows(spark, stream, snapshot.snapshot_id)
     events = _events(source, source.columns, F.lit(INSERT), stream, snapshot.snapshot_id)
     keys = stream.identifier_columns or []
-    downstream = load_committed_table(config, paths, stream.table_identifier)
+    downstream = lake.table(stream.table_identifier)
     if downstream is None or downstream.current_snapshot() is None:
         return events
     if not keys:
@@ -320,8 +319,7 @@ def snapshot_changes(spark: SparkSession, stream: StreamSpec, table: Table, snap
 
 def _publish(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     stream: StreamSpec,
     snapshot: Snapshot,
     kind: str,
@@ -330,13 +328,13 @@ def _publish(
     landing files and the events per operation (empty when an earlier run wrote them)."""
     # Names sort in snapshot order: by sequence number (format v2+), by commit time on v1 tables.
     prefix = source_file_prefix(snapshot.sequence_number or snapshot.timestamp_ms, kind, snapshot.snapshot_id)
-    written = paths.staging(stream.name) / "source" / prefix
+    written = lake.paths.staging(stream.name) / "source" / prefix
     counts: dict[str, int] = {}
     if not (written / "_SUCCESS").exists():
         if kind == "load":
-            events = _initial_load(spark, config, paths, stream, snapshot)
+            events = _initial_load(spark, lake, stream, snapshot)
         else:
-            events = snapshot_changes(spark, stream, source_table(config, paths, stream), snapshot)
+            events = snapshot_changes(spark, stream, source_table(lake, stream), snapshot)
         observation = Observation(f"source-{snapshot.snapshot_id}")
         operation = F.get_json_object("value", "$.iceberg_operation")
         observed = events.observe(
@@ -350,7 +348,7 @@ def _publish(
                 f"stream {stream.name!r}: source snapshot {snapshot.snapshot_id} deletes or updates rows, which "
                 "can only be applied by key; set source.iceberg.identifier_columns"
             )
-    directory = landing_dir(paths, stream)
+    directory = landing_dir(lake.paths, stream)
     directory.mkdir(parents=True, exist_ok=True)
     files = []
     parts = sorted(part for part in written.glob("part-*") if part.stat().st_size > 0)
@@ -364,18 +362,16 @@ def _publish(
     return files, counts
 
 
-def emit_source_changes(
-    spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec
-) -> list[EmittedSnapshot]:
+def emit_source_changes(spark: SparkSession, lake: Lakehouse, stream: StreamSpec) -> list[EmittedSnapshot]:
     """Land the events of every source snapshot after the cursor, in order, and advance the cursor
     after each; harmless to repeat. The first run loads the current snapshot (or, with
     ``disable_export``, only records it)."""
-    with exclusive_lock(stream_lock_file(paths.locks, f"{stream.name}-source")):
-        table = source_table(config, paths, stream)
-        cursor = read_cursor(paths, stream)
+    with exclusive_lock(stream_lock_file(lake.paths.locks, f"{stream.name}-source")):
+        table = source_table(lake, stream)
+        cursor = read_cursor(lake.paths, stream)
         current = table.current_snapshot()
         if cursor is None and stream.iceberg_source.disable_export and current is not None:
-            _write_cursor(paths, stream, SourceCursor(current.snapshot_id, current.sequence_number))
+            _write_cursor(lake.paths, stream, SourceCursor(current.snapshot_id, current.sequence_number))
             return [EmittedSnapshot(current.snapshot_id, "skipped load (disable_export)", {}, [])]
         emitted = []
         for snapshot in pending_snapshots(table, stream, cursor):
@@ -385,10 +381,10 @@ def emit_source_changes(
                 kind = "none"  # compaction: the same rows in other files
             else:
                 kind = "changes"
-            files, counts = _publish(spark, config, paths, stream, snapshot, kind) if kind != "none" else ([], {})
+            files, counts = _publish(spark, lake, stream, snapshot, kind) if kind != "none" else ([], {})
             crash_point(faults.SOURCE_AFTER_EMIT)
             cursor = SourceCursor(snapshot.snapshot_id, snapshot.sequence_number)
-            _write_cursor(paths, stream, cursor)
-            shutil.rmtree(paths.staging(stream.name) / "source", ignore_errors=True)
+            _write_cursor(lake.paths, stream, cursor)
+            shutil.rmtree(lake.paths.staging(stream.name) / "source", ignore_errors=True)
             emitted.append(EmittedSnapshot(snapshot.snapshot_id, kind, counts, files))
         return emitted

@@ -21,15 +21,16 @@ from pyspark.sql import SparkSession
 
 from lakehouse_assets import faults
 from lakehouse_assets.branches import audit_state, sync_audit_branch
-from lakehouse_assets.config import CompactionSpec, ExpirySpec, LakehouseConfig, MaintenanceSpec, StreamSpec
+from lakehouse_assets.config import CompactionSpec, ExpirySpec, MaintenanceSpec, StreamSpec
 from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.faults import crash_point
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import landing_dir, list_landing_files
 from lakehouse_assets.landing_retention import remove_committed_landing_files
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import CHECKPOINT_PROPERTY, table_history
-from lakehouse_assets.table_metadata import load_committed_table, qualified_name
+from lakehouse_assets.table_metadata import qualified_name
 from lakehouse_assets.tables import CATALOG_NAME
 
 LandedCheck = Callable[[str, str], bool]
@@ -191,8 +192,7 @@ REWRITES = ("compaction", "rewrite_manifests", "expire_snapshots")
 
 def _maintain_one(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     identifier: str,
     spec: MaintenanceSpec,
     landed: LandedCheck,
@@ -218,7 +218,7 @@ def _maintain_one(
         ),
     ]
     for action, enabled, run in actions:
-        table = load_committed_table(config, paths, identifier)
+        table = lake.table(identifier)
         if not enabled or table is None or table.current_snapshot() is None:
             continue
         if awaiting_publish and action in REWRITES:
@@ -230,28 +230,26 @@ def _maintain_one(
     return steps
 
 
-def maintain_table(
-    spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, table_identifier: str
-) -> list[MaintenanceStep]:
+def maintain_table(spark: SparkSession, lake: Lakehouse, table_identifier: str) -> list[MaintenanceStep]:
     """Run every enabled maintenance action on the table and its dead-letter table, then remove
     landing files that are committed beyond any rollback and older than the retention. Under
     ``publish: audit`` the rewrites wait while commits await publishing, and the audit branch
     is brought up to main after them."""
-    spec = config.maintenance(table_identifier)
+    spec = lake.config.maintenance(table_identifier)
     steps: list[MaintenanceStep] = []
-    audited = config.audits(table_identifier)
-    with exclusive_lock(table_lock_file(paths.locks, table_identifier)):
-        table = load_committed_table(config, paths, table_identifier)
+    audited = lake.config.audits(table_identifier)
+    with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
+        table = lake.table(table_identifier)
         awaiting = audited and audit_state(table).awaiting_publish
-        landed = still_landed(paths, config.tables()[table_identifier])
-        steps.extend(_maintain_one(spark, config, paths, table_identifier, spec, landed, awaiting))
-        steps.extend(_maintain_one(spark, config, paths, dead_letter_identifier(table_identifier), spec, landed))
-        table = load_committed_table(config, paths, table_identifier)
+        landed = still_landed(lake.paths, lake.config.tables()[table_identifier])
+        steps.extend(_maintain_one(spark, lake, table_identifier, spec, landed, awaiting))
+        steps.extend(_maintain_one(spark, lake, dead_letter_identifier(table_identifier), spec, landed))
+        table = lake.table(table_identifier)
         if audited and table is not None:
             sync_audit_branch(spark, table, table_identifier)
-        for stream in config.tables()[table_identifier]:
+        for stream in lake.config.tables()[table_identifier]:
             started = time.monotonic()
-            removed = remove_committed_landing_files(paths, stream, table, time.time())
+            removed = remove_committed_landing_files(lake.paths, stream, table, time.time())
             steps.append(
                 MaintenanceStep(
                     table_identifier, f"landing_retention:{stream.name}", time.monotonic() - started, removed

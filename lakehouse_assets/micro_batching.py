@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pyiceberg.table import Table
 
 from lakehouse_assets.batch_ledger import MintedBatch, StreamLedger
-from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import LandingFile, landing_dir, list_landing_files
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import AUDIT_BRANCH, committed_landing_files, committed_state
-from lakehouse_assets.table_metadata import load_committed_table
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,7 @@ def pending_files(
 
 
 def mint_next_batch(
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     stream: StreamSpec,
     now: float | None = None,
     drain: bool = False,
@@ -101,12 +100,12 @@ def mint_next_batch(
     names are never batched again, so a wiped ledger neither reuses a committed sequence nor
     appends a committed file twice.
     """
-    ledger = StreamLedger(paths.staging(stream.name))
-    with exclusive_lock(stream_lock_file(paths.locks, stream.name)):
+    ledger = lake.ledger(stream.name)
+    with exclusive_lock(stream_lock_file(lake.paths.locks, stream.name)):
         now = time.time() if now is None else now
         # A router commits only its unroutable events, to its dead-letter table.
         progress = stream.router_dead_letter_identifier if stream.is_router else stream.table_identifier
-        table = load_committed_table(config, paths, progress)
+        table = lake.table(progress)
         # Batches on an audit branch are not published: they still count against backpressure.
         committed = committed_state(table, stream.name).sequence
         on_any_branch = committed_state(table, stream.name, AUDIT_BRANCH).sequence if stream.publish == "audit" else 0
@@ -117,7 +116,7 @@ def mint_next_batch(
         # (whose lock is not this one) that mints in between makes this mint's sequence taken
         # (BatchConflictError), never leaves its files unclaimed under a new sequence.
         highest = ledger.highest_sequence()
-        decision = decide_flush(pending_files(paths, stream, ledger, table), stream, now, drain)
+        decision = decide_flush(pending_files(lake.paths, stream, ledger, table), stream, now, drain)
         if not decision.files:
             return None, decision.reason
         sequence = max(highest, committed, on_any_branch) + 1

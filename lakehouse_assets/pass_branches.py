@@ -38,7 +38,7 @@ ABANDONED_AFTER_SECONDS = 24 * 3600
 
 def uses_pass_branches(config: LakehouseConfig) -> bool:
     """Whether commits go through pass branches: on every catalog with a compare-and-swap."""
-    return not is_hadoop_catalog(config)
+    return not is_hadoop_catalog(config.catalog)
 
 
 def pass_branch_name(epoch: int, run_id: str) -> str:

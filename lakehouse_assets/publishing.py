@@ -24,11 +24,12 @@ from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.dead_letters import commit_dead_letters
 from lakehouse_assets.errors import ConfigError, PublishRefusedError
 from lakehouse_assets.faults import crash_point
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import AUDIT_BRANCH, MAIN_BRANCH, next_epoch
 from lakehouse_assets.summary_keys import CommitStamp
-from lakehouse_assets.table_metadata import load_committed_table, qualified_name
+from lakehouse_assets.table_metadata import qualified_name
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,7 @@ def _audited_batches(paths: LakehousePaths, stream: StreamSpec, first: int, last
 
 def publish_table(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     table_identifier: str,
     snapshot_id: int,
     run_id: str,
@@ -86,10 +86,10 @@ def publish_table(
     Returns None when main already has it. Raises PublishRefusedError when the audit branch moved
     on from ``snapshot_id``: its new head has not been checked.
     """
-    streams = _require_audited(config, table_identifier)
+    streams = _require_audited(lake.config, table_identifier)
     started = time.monotonic()
-    with exclusive_lock(table_lock_file(paths.locks, table_identifier)):
-        state = audit_state(load_committed_table(config, paths, table_identifier))
+    with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
+        state = audit_state(lake.table(table_identifier))
         if not state.awaiting_publish:
             return None
         if state.audit != snapshot_id:
@@ -97,13 +97,13 @@ def publish_table(
                 f"{table_identifier}: the audit branch is at snapshot {state.audit}, not the checked snapshot "
                 f"{snapshot_id}; run the checks on the new head first"
             )
-        stamp = CommitStamp(next_epoch(load_committed_table(config, paths, table_identifier)), run_id)
+        stamp = CommitStamp(next_epoch(lake.table(table_identifier)), run_id)
         ranges = state.unpublished_ranges()
         dead_letters = 0
         for stream in streams:
             if stream.name in ranges:
-                batches = _audited_batches(paths, stream, *ranges[stream.name])
-                dead_letters += commit_dead_letters(spark, config, paths, stream, batches, stamp)
+                batches = _audited_batches(lake.paths, stream, *ranges[stream.name])
+                dead_letters += commit_dead_letters(spark, lake, stream, batches, stamp)
         crash_point(faults.PUBLISH_AFTER_DEAD_LETTERS)
         fast_forward(spark, table_identifier, MAIN_BRANCH, AUDIT_BRANCH)
         spark.catalog.refreshTable(qualified_name(table_identifier))
@@ -118,14 +118,12 @@ def publish_table(
     )
 
 
-def discard_audited(
-    spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, table_identifier: str
-) -> DiscardResult | None:
+def discard_audited(spark: SparkSession, lake: Lakehouse, table_identifier: str) -> DiscardResult | None:
     """Drop the audit branch's unpublished commits and stage their batches again; None when there
     are none. Repeating it after a crash finishes it."""
-    streams = _require_audited(config, table_identifier)
-    with exclusive_lock(table_lock_file(paths.locks, table_identifier)):
-        state: AuditState = audit_state(load_committed_table(config, paths, table_identifier))
+    streams = _require_audited(lake.config, table_identifier)
+    with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
+        state: AuditState = audit_state(lake.table(table_identifier))
         if not state.awaiting_publish:
             return None
         ranges = state.unpublished_ranges()
@@ -133,7 +131,7 @@ def discard_audited(
             if stream.name not in ranges:
                 continue
             first, last = ranges[stream.name]
-            ledger = StreamLedger(paths.staging(stream.name))
+            ledger = lake.ledger(stream.name)
             for sequence in range(first, last + 1):
                 ledger.forget_staged_data(sequence)
         crash_point(faults.DISCARD_AFTER_UNSTAGING)

@@ -25,10 +25,9 @@ from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.dead_letters import DeadLetterKey, dead_letter_identifier, replayed_keys, sidecar_path
 from lakehouse_assets.errors import ConfigError, IngestError
 from lakehouse_assets.faults import crash_point
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import landing_dir, list_landing_files, validated_lines, write_landing_file
 from lakehouse_assets.locks import exclusive_lock, replay_lock_file
-from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.table_metadata import load_committed_table
 
 EVENTS_PER_FILE = 100_000
 
@@ -69,20 +68,18 @@ def _dead_letters_of(config: LakehouseConfig, table_identifier: str) -> tuple[st
     return dead_letter_identifier(table_identifier), streams
 
 
-def replay_dead_letters(
-    config: LakehouseConfig, paths: LakehousePaths, table_identifier: str, reason: str | None = None
-) -> ReplayReport:
+def replay_dead_letters(lake: Lakehouse, table_identifier: str, reason: str | None = None) -> ReplayReport:
     """Land the table's dead letters (those whose reason contains ``reason``) for another try;
     ``table_identifier`` may also be a router's dead-letter table (``lakehouse.<stream>_dead_letters``).
 
     Each stream's dead letters are read, chosen and landed under the stream's replay lock."""
-    identifier, streams = _dead_letters_of(config, table_identifier)
+    identifier, streams = _dead_letters_of(lake.config, table_identifier)
     landed: dict[str, int] = {}
     already_pending = not_replayable = 0
     for name, stream in streams.items():
-        directory = landing_dir(paths, stream)
-        with exclusive_lock(replay_lock_file(paths.locks, name)):
-            table = load_committed_table(config, paths, identifier)
+        directory = landing_dir(lake.paths, stream)
+        with exclusive_lock(replay_lock_file(lake.paths.locks, name)):
+            table = lake.table(identifier)
             rows = table.scan(row_filter=EqualTo("stream", name)).to_arrow().to_pylist() if table else []
             pending = _pending_keys(directory)
             selected: list[tuple[DeadLetterKey, bytes]] = []

@@ -27,11 +27,12 @@ from pyspark.sql import types as T
 
 from lakehouse_assets import faults
 from lakehouse_assets.batch_ledger import EVENTS_DIR, BatchRecord, StreamLedger
-from lakehouse_assets.config import ColumnSpec, LakehouseConfig, StreamSpec
+from lakehouse_assets.config import ColumnSpec, StreamSpec
 from lakehouse_assets.conversion import BATCH_COLUMN, convert_events, read_landing_lines, staged_events
 from lakehouse_assets.errors import describe_error
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.inference import SAMPLE_EVENTS, infer_columns
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.staging import (
     StagingSchema,
@@ -77,8 +78,7 @@ def _inferred_columns(stream: StreamSpec, files: list[str]) -> list[ColumnSpec]:
 
 def stage_routed_batches(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     router: StreamSpec,
     pending: list[PendingBatch],
     run_id: str | None,
@@ -94,24 +94,24 @@ def stage_routed_batches(
             one_by_one.append(batch)
             continue
         try:
-            columns = partial(_inferred_columns, batch.stream, landing_files(paths, batch.stream, batch.record))
-            schema = staging_schema(spark, config, paths, batch.stream, columns)
+            columns = partial(_inferred_columns, batch.stream, landing_files(lake.paths, batch.stream, batch.record))
+            schema = staging_schema(spark, lake, batch.stream, columns)
         except Exception as error:  # noqa: BLE001 - holds back this table only; reported with its traceback
             failed[batch.stream.table_identifier] = describe_error(error)
             continue
         key = (schema.table_schema.json(), tuple(schema.identifier_columns))
         groups.setdefault(key, _Group(schema, [])).batches.append(batch)
-    _remove_abandoned_work(paths.staging(router.name) / FAN_IN_DIR)
+    _remove_abandoned_work(lake.paths.staging(router.name) / FAN_IN_DIR)
     for group in groups.values():
         try:
-            one_by_one.extend(_stage_group(spark, paths, router, group, run_id))
+            one_by_one.extend(_stage_group(spark, lake.paths, router, group, run_id))
         except Exception:  # noqa: BLE001 - e.g. an event the job fails on: staged alone, each batch finds out
             one_by_one.extend(group.batches)
     for batch in one_by_one:
         if batch.stream.table_identifier in failed:
             continue  # a table's batches stage in sequence: not after one that failed
         try:
-            stage_batch(spark, config, paths, batch.stream, batch.record.sequence, run_id=run_id)
+            stage_batch(spark, lake, batch.stream, batch.record.sequence, run_id=run_id)
         except Exception as error:  # noqa: BLE001 - holds back this table only; reported with its traceback
             failed[batch.stream.table_identifier] = describe_error(error)
     return failed

@@ -32,12 +32,12 @@ from lakehouse_assets.config import (
     ROUTED_TABLE,
     ROUTER_DEAD_LETTER_NAMESPACE,
     TEMPLATE_POINTER,
-    LakehouseConfig,
     StreamSpec,
 )
 from lakehouse_assets.conversion import read_landing_lines
 from lakehouse_assets.dead_letters import DEAD_LETTER_SUFFIX, commit_dead_letters, sidecar_path
 from lakehouse_assets.faults import crash_point
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.locks import exclusive_lock, stream_lock_file, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
@@ -45,7 +45,6 @@ from lakehouse_assets.recovery import next_epoch
 from lakehouse_assets.staged_format import EVENT_COLUMN, LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.staging import input_links, landing_files, minted_record
 from lakehouse_assets.summary_keys import CommitStamp
-from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 
 ROUTE_COLUMN = "_lakehouse_route"
 ROUTES_DIR = "routes"
@@ -140,22 +139,21 @@ def _write_route_files(events_dir: Path, routes_dir: Path) -> tuple[dict[str, in
 
 def _stage_routes(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     stream: StreamSpec,
     ledger: StreamLedger,
     record: BatchRecord,
     run_id: str | None,
 ) -> BatchRecord:
     """Resolve every event's table and write the attempt's route files; the winning attempt's record."""
-    lines = read_landing_lines(spark, landing_files(paths, stream, record), input_links(record)).withColumn(
+    lines = read_landing_lines(spark, landing_files(lake.paths, stream, record), input_links(record)).withColumn(
         ROUTE_COLUMN, route_column(stream.table_identifier)
     )
     missing: list[str] = []
     if not stream.auto_create:
         resolved = lines.where(F.col(ROUTE_COLUMN).rlike(ROUTED_IDENTIFIER)).select(ROUTE_COLUMN).distinct()
         tables = [row[0] for row in resolved.collect()]
-        missing = [table for table in tables if current_metadata_location(config, paths, table) is None]
+        missing = [table for table in tables if lake.metadata_location(table) is None]
     attempt, attempt_dir = ledger.new_attempt(record.sequence)
     staged = lines.withColumn(REASON_COLUMN, _rejection_reason(stream.table_identifier, missing))
     staged.write.parquet(str(attempt_dir / EVENTS_DIR))
@@ -190,8 +188,7 @@ def _publish_routes(paths: LakehousePaths, stream: StreamSpec, record: BatchReco
 
 def _commit_unroutable(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     stream: StreamSpec,
     record: BatchRecord,
     run_id: str,
@@ -199,26 +196,25 @@ def _commit_unroutable(
     """Commit the batch's unroutable events (and remove the dead letters it replays) to the router's
     dead-letter table, unless its ancestry has the batch; returns the table's snapshot."""
     identifier = stream.router_dead_letter_identifier
-    with exclusive_lock(table_lock_file(paths.locks, identifier)):
-        stamp = CommitStamp(next_epoch(load_committed_table(config, paths, identifier)), run_id)
-        commit_dead_letters(spark, config, paths, stream, [record], stamp)
-        table = load_committed_table(config, paths, identifier)
+    with exclusive_lock(table_lock_file(lake.paths.locks, identifier)):
+        stamp = CommitStamp(next_epoch(lake.table(identifier)), run_id)
+        commit_dead_letters(spark, lake, stream, [record], stamp)
+        table = lake.table(identifier)
     return table.current_snapshot().snapshot_id if table and table.current_snapshot() else None
 
 
 def route_batches(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     stream: StreamSpec,
     up_to: int,
     run_id: str,
 ) -> list[RoutedBatch]:
     """Route every batch of ``stream`` up to ``up_to`` that is not routed yet, in sequence order;
     harmless to repeat. Raises LakehouseError as staging does (batch never minted, landing file gone)."""
-    ledger = StreamLedger(paths.staging(stream.name))
+    ledger = lake.ledger(stream.name)
     routed = []
-    with exclusive_lock(stream_lock_file(paths.locks, f"{stream.name}-router")):
+    with exclusive_lock(stream_lock_file(lake.paths.locks, f"{stream.name}-router")):
         for candidate in ledger.batches():
             if candidate.sequence > up_to:
                 break
@@ -227,14 +223,14 @@ def route_batches(
                 continue
             routed_now = record.staged is None
             if routed_now:
-                record = _stage_routes(spark, config, paths, stream, ledger, record, run_id)
-            _publish_routes(paths, stream, record)
-            snapshot_id = _commit_unroutable(spark, config, paths, stream, record, run_id)
+                record = _stage_routes(spark, lake, stream, ledger, record, run_id)
+            _publish_routes(lake.paths, stream, record)
+            snapshot_id = _commit_unroutable(spark, lake, stream, record, run_id)
             crash_point(faults.ROUTER_AFTER_DEAD_LETTERS)
             ledger.record_committed(record.sequence, CommittedBatch(snapshot_id or 0, record.sequence, time.time()))
             ledger.remove_attempts(record.sequence)
             routed.append(RoutedBatch(record.sequence, record.staged.routes, record.staged.rejected, routed_now))
-        _remove_routed_landing_files(paths, stream, ledger)
+        _remove_routed_landing_files(lake.paths, stream, ledger)
     return routed
 
 

@@ -14,11 +14,10 @@ from pyspark.sql import SparkSession
 from lakehouse_assets.catalogs import HADOOP, spark_catalog_properties
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.java_runtime import ensure_java_home
-from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.table_metadata import (
     CATALOG_NAME,
     is_hadoop_catalog,
-    warehouse_location,
 )
 
 ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
@@ -64,41 +63,41 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
     return conf
 
 
-def catalog_conf(config: LakehouseConfig, paths: LakehousePaths) -> dict[str, str]:
+def catalog_conf(lake: Lakehouse) -> dict[str, str]:
     """Session settings for catalog ``lake`` from the config's catalog properties, and for the own
     catalog of each Iceberg source that has one."""
-    conf = _one_catalog_conf(CATALOG_NAME, config, paths)
-    for stream in config.streams:
+    conf = _one_catalog_conf(CATALOG_NAME, lake)
+    for stream in lake.config.streams:
         if stream.iceberg_source and stream.iceberg_source.catalog:
-            conf |= _one_catalog_conf(stream.source_catalog_name, config.source_catalog(stream), paths)
+            conf |= _one_catalog_conf(stream.source_catalog_name, lake.source(stream))
     return conf
 
 
-def _one_catalog_conf(name: str, config: LakehouseConfig, paths: LakehousePaths) -> dict[str, str]:
+def _one_catalog_conf(name: str, lake: Lakehouse) -> dict[str, str]:
     prefix = f"spark.sql.catalog.{name}"
     conf = {
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         f"{prefix}.cache-enabled": "false",
     }
-    for key, value in spark_catalog_properties(config.catalog).items():
+    for key, value in spark_catalog_properties(lake.config.catalog).items():
         conf[f"{prefix}.{key}"] = value
-    if is_hadoop_catalog(config):
+    if is_hadoop_catalog(lake.config.catalog):
         conf[f"{prefix}.type"] = HADOOP
-    if warehouse := warehouse_location(config, paths):
+    if warehouse := lake.warehouse:
         conf[f"{prefix}.warehouse"] = warehouse
     return conf
 
 
-def lakehouse_session(config: LakehouseConfig, paths: LakehousePaths) -> SparkSession:
+def lakehouse_session(lake: Lakehouse) -> SparkSession:
     """A Spark session whose catalog ``lake`` is this lakehouse's; starts the JVM on first use."""
     ensure_java_home()
     builder = SparkSession.builder
-    for key, value in static_spark_conf(config).items():
+    for key, value in static_spark_conf(lake.config).items():
         builder = builder.config(key, value)
     root = builder.getOrCreate()
     root.sparkContext.setLogLevel("ERROR")
     session = root.newSession()
-    for key, value in catalog_conf(config, paths).items():
+    for key, value in catalog_conf(lake).items():
         session.conf.set(key, value)
     # Iceberg's JVM helpers (Spark3Util, CommitMetadata) resolve catalogs through the thread's
     # active session, which Spark sets only inside its own SQL and DataFrame calls.

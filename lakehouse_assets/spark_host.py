@@ -40,8 +40,8 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.locks import exclusive_lock
 from lakehouse_assets.paths import LakehousePaths
 
@@ -73,12 +73,12 @@ def code_stamp() -> str:
     return digest.hexdigest()
 
 
-def host_address(config: LakehouseConfig, paths: LakehousePaths) -> str:
+def host_address(lake: Lakehouse) -> str:
     """The host's Unix socket: one per lakehouse home, static Spark settings and code version
     (kept short, under the temp directory: socket paths are limited to about 100 bytes)."""
     from lakehouse_assets.spark import static_spark_conf
 
-    identity = f"{paths.home}\n{sorted(static_spark_conf(config).items())}\n{code_stamp()}"
+    identity = f"{lake.paths.home}\n{sorted(static_spark_conf(lake.config).items())}\n{code_stamp()}"
     return str(Path(tempfile.gettempdir()) / f"lakehouse-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.sock")
 
 
@@ -106,20 +106,20 @@ def _connect(address: str, key: bytes) -> Connection | None:
         return None
 
 
-def _connect_or_start(config: LakehouseConfig, paths: LakehousePaths) -> Connection:
+def _connect_or_start(lake: Lakehouse) -> Connection:
     """A connection to the home's host, starting the host first when none answers."""
-    address, key = host_address(config, paths), _authkey(paths)
+    address, key = host_address(lake), _authkey(lake.paths)
     connection = _connect(address, key)
     if connection is not None:
         return connection
-    with exclusive_lock(paths.state / SPAWN_LOCK_FILE, timeout_seconds=START_TIMEOUT_SECONDS):
+    with exclusive_lock(lake.paths.state / SPAWN_LOCK_FILE, timeout_seconds=START_TIMEOUT_SECONDS):
         connection = _connect(address, key)
         if connection is not None:
             return connection
         Path(address).unlink(missing_ok=True)  # a host that died leaves its socket file behind
-        log = open(paths.state / LOG_FILE, "ab")  # noqa: SIM115 - handed to the host process
+        log = open(lake.paths.state / LOG_FILE, "ab")  # noqa: SIM115 - handed to the host process
         command = [sys.executable, "-m", "lakehouse_assets.spark_host", "--address", address]
-        command += ["--idle-timeout", str(config.spark_host.idle_timeout), "--code-stamp", code_stamp()]
+        command += ["--idle-timeout", str(lake.config.spark_host.idle_timeout), "--code-stamp", code_stamp()]
         host = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
@@ -127,39 +127,39 @@ def _connect_or_start(config: LakehouseConfig, paths: LakehousePaths) -> Connect
             if host.poll() == CODE_CHANGED_EXIT:
                 raise SparkHostError("the package changed since this run started; the next run uses the new code")
             if host.poll() is not None:
-                raise SparkHostError(f"the Spark host exited with code {host.returncode}; see {paths.state / LOG_FILE}")
+                raise SparkHostError(
+                    f"the Spark host exited with code {host.returncode}; see {lake.paths.state / LOG_FILE}"
+                )
             connection = _connect(address, key)
             if connection is not None:
                 return connection
             time.sleep(POLL_SECONDS)
     raise SparkHostError(
-        f"the Spark host did not answer within {START_TIMEOUT_SECONDS:.0f}s; see {paths.state / LOG_FILE}"
+        f"the Spark host did not answer within {START_TIMEOUT_SECONDS:.0f}s; see {lake.paths.state / LOG_FILE}"
     )
 
 
-def call_on_host(
-    config: LakehouseConfig, paths: LakehousePaths, function: Callable[..., Any], *args: Any, **kwargs: Any
-) -> Any:
-    """Run ``function(spark, *args, **kwargs)`` on the home's Spark host and return its result or
+def call_on_host(lake: Lakehouse, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``function(spark, lake, *args, **kwargs)`` on the home's Spark host and return its result or
     raise its error. ``function`` is a module-level engine function; arguments and result pickle."""
-    connection = _connect_or_start(config, paths)
+    connection = _connect_or_start(lake)
     with connection:
-        connection.send((function, config, paths, args, kwargs))
+        connection.send((function, lake, args, kwargs))
         try:
             status, payload = connection.recv()
         except EOFError:
             raise SparkHostError(
                 f"the Spark host died during {function.__name__}; the call completed or not, atomically "
-                f"as any crash, and the next run repeats it (see {paths.state / LOG_FILE})"
+                f"as any crash, and the next run repeats it (see {lake.paths.state / LOG_FILE})"
             ) from None
     if status == "error":
         raise payload
     return payload
 
 
-def host_pid(config: LakehouseConfig, paths: LakehousePaths) -> int | None:
+def host_pid(lake: Lakehouse) -> int | None:
     """The process id of the home's running host, or None when none answers."""
-    connection = _connect(host_address(config, paths), _authkey(paths))
+    connection = _connect(host_address(lake), _authkey(lake.paths))
     if connection is None:
         return None
     with connection:
@@ -197,11 +197,11 @@ class _Host:
             if request is None:
                 connection.send(os.getpid())
                 return
-            function, config, paths, args, kwargs = request
+            function, lake, args, kwargs = request
             with self.guard:
                 self.in_flight += 1
             try:
-                connection.send(("ok", _run(function, config, paths, args, kwargs)))
+                connection.send(("ok", _run(function, lake, args, kwargs)))
             except Exception as error:  # noqa: BLE001 - every failure travels back to the calling run
                 connection.send(("error", _travelling(error)))
             finally:
@@ -221,11 +221,11 @@ class _Host:
                 os._exit(0)
 
 
-def _run(function: Callable[..., Any], config: LakehouseConfig, paths: LakehousePaths, args, kwargs) -> Any:
+def _run(function: Callable[..., Any], lake: Lakehouse, args, kwargs) -> Any:
     from lakehouse_assets.spark import lakehouse_session
 
     started = time.monotonic()
-    result = function(lakehouse_session(config, paths), *args, **kwargs)
+    result = function(lakehouse_session(lake), lake, *args, **kwargs)
     print(f"{function.__name__} in {time.monotonic() - started:.2f}s", flush=True)
     return result
 
@@ -252,13 +252,12 @@ def main() -> None:
         # The package changed after the caller loaded it: its calls would not match this code.
         print("the package changed since the calling run started; not serving it", flush=True)
         sys.exit(CODE_CHANGED_EXIT)
-    from lakehouse_assets.config import load_config
     from lakehouse_assets.spark import lakehouse_session
 
-    paths = LakehousePaths.from_env()
+    lake = Lakehouse.from_env()
     # Start the JVM and run one job before answering, so the first call finds it warm.
-    lakehouse_session(load_config(), paths).range(1).count()
-    _Host(arguments.idle_timeout).serve(arguments.address, _authkey(paths))
+    lakehouse_session(lake).range(1).count()
+    _Host(arguments.idle_timeout).serve(arguments.address, _authkey(lake.paths))
 
 
 if __name__ == "__main__":

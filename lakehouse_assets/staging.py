@@ -23,18 +23,19 @@ from pyspark.sql import types as T
 
 from lakehouse_assets import faults
 from lakehouse_assets.batch_ledger import EVENTS_DIR, BatchRecord, StagedBatch, StreamLedger
-from lakehouse_assets.config import ColumnSpec, LakehouseConfig, StreamSpec
+from lakehouse_assets.config import ColumnSpec, StreamSpec
 from lakehouse_assets.conversion import convert_events, read_landing_lines, staged_events, with_iceberg_types
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.iceberg_source import source_columns
 from lakehouse_assets.inference import SAMPLE_EVENTS, infer_columns
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import landing_dir
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.quarantine import SPARK_ERRORS, isolate_failing_lines, quarantined_events, without_failing
 from lakehouse_assets.schema_evolution import new_columns, with_new_columns
 from lakehouse_assets.staged_format import DELETE, EVENT_COLUMN, OPERATION_COLUMN, REASON_COLUMN
-from lakehouse_assets.table_metadata import load_committed_table, qualified_name
+from lakehouse_assets.table_metadata import qualified_name
 from lakehouse_assets.tables import ensure_table, identifier_columns
 
 # Event times in the ledger and in snapshot summaries: ISO 8601 in UTC (the session time zone), so
@@ -126,8 +127,7 @@ class StagingSchema:
 
 def staging_schema(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     stream: StreamSpec,
     undeclared_columns: Callable[[], list[ColumnSpec]],
     lines: DataFrame | None = None,
@@ -135,10 +135,10 @@ def staging_schema(
     """Create the stream's table if it is missing (from ``undeclared_columns()`` when nothing is
     declared) and read what the batch converts to; with schema evolution, ``lines`` may add columns.
     Raises ConfigError when ``version_column`` is not a column of the table."""
-    ensure_table(spark, config, paths, stream, undeclared_columns)
+    ensure_table(spark, lake, stream, undeclared_columns)
     table_schema = with_iceberg_types(
         spark.table(qualified_name(stream.table_identifier)).schema,
-        load_committed_table(config, paths, stream.table_identifier).schema(),
+        lake.table(stream.table_identifier).schema(),
     )
     added = new_columns(lines, stream, table_schema) if stream.schema_evolution and lines is not None else {}
     table_schema = with_new_columns(table_schema, added)
@@ -147,13 +147,12 @@ def staging_schema(
             f"stream {stream.name!r}: version_column: {stream.version_column!r} is not a column of "
             f"{stream.table_identifier} (columns: {', '.join(table_schema.fieldNames())})"
         )
-    return StagingSchema(table_schema, identifier_columns(config, paths, stream), added)
+    return StagingSchema(table_schema, identifier_columns(lake, stream), added)
 
 
 def stage_batch(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     stream: StreamSpec,
     sequence: int,
     expected_files: list[str] | None = None,
@@ -164,20 +163,20 @@ def stage_batch(
     Raises LakehouseError when the batch was never minted, when ``expected_files`` differ from the
     minted files, or when a landing file has disappeared.
     """
-    ledger = StreamLedger(paths.staging(stream.name))
+    ledger = lake.ledger(stream.name)
     record = minted_record(ledger, stream, sequence, expected_files)
     minted = record.minted
     if record.staged:
         return StagingOutcome(record.staged, False, len(minted.files), minted.bytes)
 
-    lines = read_landing_lines(spark, landing_files(paths, stream, record), input_links(record))
+    lines = read_landing_lines(spark, landing_files(lake.paths, stream, record), input_links(record))
     # Called only when the table must be created without declared columns.
     if stream.iceberg_source:
-        undeclared_columns = partial(source_columns, config, paths, stream)
+        undeclared_columns = partial(source_columns, lake, stream)
     else:
         sample = lines.select(EVENT_COLUMN).limit(SAMPLE_EVENTS)
         undeclared_columns = lambda: infer_columns(stream, [row[0] for row in sample.collect()])  # noqa: E731
-    schema = staging_schema(spark, config, paths, stream, undeclared_columns, lines)
+    schema = staging_schema(spark, lake, stream, undeclared_columns, lines)
     table_schema, keys, added = schema.table_schema, schema.identifier_columns, schema.added
 
     def converted(subset: DataFrame) -> DataFrame:

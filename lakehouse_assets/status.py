@@ -8,17 +8,15 @@ from typing import Any
 import dagster as dg
 from pyiceberg.table import Table
 
-from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.branches import audit_state
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import blocking_check_names
 from lakehouse_assets.iceberg_source import load_source_table, read_cursor
 from lakehouse_assets.lag import stream_lag_seconds
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.micro_batching import backpressure, pending_files
-from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import committed_state
-from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets.table_stats import table_stats
 
 
@@ -46,12 +44,12 @@ def _last_checks(
     return results
 
 
-def _source_progress(config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec) -> dict[str, Any]:
+def _source_progress(lake: Lakehouse, stream: StreamSpec) -> dict[str, Any]:
     """For an Iceberg source stream: the source snapshot reached and the source's current one."""
     if not stream.iceberg_source:
         return {}
-    cursor = read_cursor(paths, stream)
-    source = load_source_table(config, paths, stream)
+    cursor = read_cursor(lake.paths, stream)
+    source = load_source_table(lake, stream)
     current = source.current_snapshot() if source else None
     return {
         "source_table": stream.iceberg_source.table,
@@ -68,20 +66,18 @@ def _audit_progress(config: LakehouseConfig, table_identifier: str, table: Table
     return {"publish": "audit", "audit_snapshot_id": state.audit, "unpublished_batches": state.unpublished_ranges()}
 
 
-def lakehouse_status(
-    config: LakehouseConfig, paths: LakehousePaths, instance: dg.DagsterInstance | None
-) -> list[dict[str, Any]]:
+def lakehouse_status(lake: Lakehouse, instance: dg.DagsterInstance | None) -> list[dict[str, Any]]:
     """One entry per table with its streams' progress and the last check results."""
     report = []
-    for table_identifier, streams in config.tables().items():
-        table = load_committed_table(config, paths, table_identifier)
+    for table_identifier, streams in lake.config.tables().items():
+        table = lake.table(table_identifier)
         snapshot = table.current_snapshot() if table else None
         stream_entries = []
         for stream in streams:
-            ledger = StreamLedger(paths.staging(stream.name))
+            ledger = lake.ledger(stream.name)
             state = committed_state(table, stream.name)
             open_batches = [r for r in ledger.batches() if r.sequence > state.sequence]
-            waiting = pending_files(paths, stream, ledger, table)
+            waiting = pending_files(lake.paths, stream, ledger, table)
             stream_entries.append(
                 {
                     "stream": stream.name,
@@ -90,11 +86,11 @@ def lakehouse_status(
                     "batches_staged": sum(1 for r in open_batches if r.status == "staged"),
                     "landing_files_pending": len(waiting),
                     "landing_bytes_pending": sum(f.size for f in waiting),
-                    "lag_seconds": round(stream_lag_seconds(paths, stream, table), 3),
+                    "lag_seconds": round(stream_lag_seconds(lake.paths, stream, table), 3),
                     "max_lag_seconds": stream.max_lag,
                     "held_back": backpressure(ledger, stream, state.sequence),
                 }
-                | _source_progress(config, paths, stream)
+                | _source_progress(lake, stream)
             )
         report.append(
             {
@@ -105,6 +101,6 @@ def lakehouse_status(
                 "streams": stream_entries,
                 "last_checks": _last_checks(instance, table_identifier, streams),
             }
-            | _audit_progress(config, table_identifier, table)
+            | _audit_progress(lake.config, table_identifier, table)
         )
     return report

@@ -2,12 +2,14 @@
 
 This is the one place that knows the Hadoop catalog's layout
 (``<warehouse>/<namespace>/<table>/metadata/vN.metadata.json`` named by ``version-hint.text``);
-every other catalog is asked through PyIceberg's own catalog client.
+every other catalog is asked through PyIceberg's own catalog client. The functions take the
+config's ``catalog`` properties and the warehouse; engine code asks the ``Lakehouse`` handle.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
@@ -16,8 +18,6 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import StaticTable, Table
 
 from lakehouse_assets.catalogs import HADOOP, WAREHOUSE_TYPES, catalog_type, pyiceberg_catalog_properties
-from lakehouse_assets.config import LakehouseConfig
-from lakehouse_assets.paths import LakehousePaths
 
 CATALOG_NAME = "lake"
 VERSION_HINT = "version-hint.text"
@@ -30,16 +30,18 @@ def qualified_name(identifier: str, branch: str | None = None) -> str:
     return f"{CATALOG_NAME}.{identifier}{branch_suffix}"
 
 
-def is_hadoop_catalog(config: LakehouseConfig) -> bool:
-    return catalog_type(config.catalog) == HADOOP
+def is_hadoop_catalog(catalog: Mapping[str, str]) -> bool:
+    """Whether the ``catalog`` properties name Iceberg's Hadoop catalog (tables found by path)."""
+    return catalog_type(catalog) == HADOOP
 
 
-def warehouse_location(config: LakehouseConfig, paths: LakehousePaths) -> str | None:
-    """The catalog's warehouse: the configured one, else ``warehouse/`` under the storage root for
-    the catalogs that need one from us (hadoop, jdbc), else None (a REST or Glue catalog knows its own)."""
-    if "warehouse" in config.catalog:
-        return config.catalog["warehouse"]
-    return str(paths.warehouse) if catalog_type(config.catalog) in WAREHOUSE_TYPES else None
+def warehouse_location(catalog: Mapping[str, str], default: Path) -> str | None:
+    """The catalog's warehouse: the configured one, else ``default`` (``warehouse/`` under the
+    storage root) for the catalogs that need one from us (hadoop, jdbc), else None (a REST or Glue
+    catalog knows its own)."""
+    if "warehouse" in catalog:
+        return catalog["warehouse"]
+    return str(default) if catalog_type(catalog) in WAREHOUSE_TYPES else None
 
 
 @cache
@@ -48,17 +50,16 @@ def _catalog_client(properties: tuple[tuple[str, str], ...]) -> Catalog:
     return load_catalog(CATALOG_NAME, **dict(properties))
 
 
-def catalog_client(config: LakehouseConfig, paths: LakehousePaths) -> Catalog:
+def catalog_client(catalog: Mapping[str, str], warehouse: str | None) -> Catalog:
     """PyIceberg's client of catalog ``lake`` (not for the hadoop catalog, which has none)."""
-    properties = pyiceberg_catalog_properties(config.catalog)
-    if warehouse := warehouse_location(config, paths):
+    properties = pyiceberg_catalog_properties(catalog)
+    if warehouse:
         properties["warehouse"] = warehouse
     return _catalog_client(tuple(sorted(properties.items())))
 
 
-def _hadoop_table_dir(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> Path:
-    warehouse = str(warehouse_location(config, paths)).removeprefix("file://")
-    return Path(warehouse, *identifier.split("."))
+def _hadoop_table_dir(warehouse: str | None, identifier: str) -> Path:
+    return Path(str(warehouse).removeprefix("file://"), *identifier.split("."))
 
 
 def _hinted_version(metadata_dir: Path) -> int | None:
@@ -79,15 +80,15 @@ def _highest_listed_version(metadata_dir: Path) -> int | None:
     return max(versions, default=None)
 
 
-def current_metadata_location(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> str | None:
+def current_metadata_location(catalog: Mapping[str, str], warehouse: str | None, identifier: str) -> str | None:
     """The table's current metadata file, or None when the table does not exist.
 
     For the Hadoop catalog this does what Iceberg's ``HadoopTableOperations`` does: start from
     ``version-hint.text`` or, when the hint is missing or unreadable, from the highest
     ``v<N>.metadata.json`` listed, and follow newer versions from there.
     """
-    if is_hadoop_catalog(config):
-        metadata_dir = _hadoop_table_dir(config, paths, identifier) / "metadata"
+    if is_hadoop_catalog(catalog):
+        metadata_dir = _hadoop_table_dir(warehouse, identifier) / "metadata"
         version = _hinted_version(metadata_dir)
         if version is None or not (metadata_dir / f"v{version}.metadata.json").exists():
             version = _highest_listed_version(metadata_dir)
@@ -98,12 +99,12 @@ def current_metadata_location(config: LakehouseConfig, paths: LakehousePaths, id
             version += 1
         return str(metadata_dir / f"v{version}.metadata.json")
     try:
-        return catalog_client(config, paths).load_table(identifier).metadata_location
+        return catalog_client(catalog, warehouse).load_table(identifier).metadata_location
     except NoSuchTableError:
         return None
 
 
-def load_committed_table(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> Table | None:
+def load_committed_table(catalog: Mapping[str, str], warehouse: str | None, identifier: str) -> Table | None:
     """The table as last committed, read-only, or None when it does not exist."""
-    location = current_metadata_location(config, paths, identifier)
+    location = current_metadata_location(catalog, warehouse, identifier)
     return StaticTable.from_metadata(location) if location else None

@@ -13,17 +13,14 @@ from lakehouse_assets.config import (
     SOURCE_POSITION_COLUMN,
     SOURCE_POSITION_TYPE,
     ColumnSpec,
-    LakehouseConfig,
     StreamSpec,
 )
 from lakehouse_assets.errors import ConfigError, TableNotFoundError
 from lakehouse_assets.iceberg_types import iceberg_schema_json, spark_ddl
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
-from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.table_metadata import (
     CATALOG_NAME,
-    current_metadata_location,
-    load_committed_table,
     qualified_name,
 )
 
@@ -76,8 +73,7 @@ def create_table(spark: SparkSession, stream: StreamSpec, columns: list[ColumnSp
 
 def ensure_table(
     spark: SparkSession,
-    config: LakehouseConfig,
-    paths: LakehousePaths,
+    lake: Lakehouse,
     stream: StreamSpec,
     undeclared_columns: Callable[[], list[ColumnSpec]],
 ) -> bool:
@@ -88,16 +84,16 @@ def ensure_table(
     those inferred from the first batch), and is an error naming it otherwise.
     """
     identifier = stream.table_identifier
-    if current_metadata_location(config, paths, identifier):
-        _add_missing_system_columns(spark, config, paths, stream)
+    if lake.metadata_location(identifier):
+        _add_missing_system_columns(spark, lake, stream)
         return False
     if not stream.auto_create:
         raise TableNotFoundError(
             f"stream {stream.name!r}: table {identifier} does not exist and auto_create is false; "
             "create it or set auto_create: true with schema.columns"
         )
-    with exclusive_lock(table_lock_file(paths.locks, identifier)):
-        if current_metadata_location(config, paths, identifier):
+    with exclusive_lock(table_lock_file(lake.paths.locks, identifier)):
+        if lake.metadata_location(identifier):
             return False
         namespace = stream.namespace
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {qualified_name(namespace)}")
@@ -114,16 +110,14 @@ def system_columns(stream: StreamSpec) -> list[ColumnSpec]:
     return []
 
 
-def _add_missing_system_columns(
-    spark: SparkSession, config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec
-) -> None:
+def _add_missing_system_columns(spark: SparkSession, lake: Lakehouse, stream: StreamSpec) -> None:
     """Add the stream's system columns to a table created without them (holding the table's lock)."""
-    present = set(load_committed_table(config, paths, stream.table_identifier).schema().column_names)
+    present = set(lake.table(stream.table_identifier).schema().column_names)
     missing = [column for column in system_columns(stream) if column.name not in present]
     if not missing:
         return
-    with exclusive_lock(table_lock_file(paths.locks, stream.table_identifier)):
-        present = set(load_committed_table(config, paths, stream.table_identifier).schema().column_names)
+    with exclusive_lock(table_lock_file(lake.paths.locks, stream.table_identifier)):
+        present = set(lake.table(stream.table_identifier).schema().column_names)
         definitions = ", ".join(
             f"`{column.name}` {spark_ddl(column.iceberg_type)}" for column in missing if column.name not in present
         )
@@ -131,12 +125,12 @@ def _add_missing_system_columns(
             spark.sql(f"ALTER TABLE {qualified_name(stream.table_identifier)} ADD COLUMNS ({definitions})")
 
 
-def require_static_tables(config: LakehouseConfig, paths: LakehousePaths) -> None:
+def require_static_tables(lake: Lakehouse) -> None:
     """Raise TableNotFoundError naming every static table that is missing and may not be created."""
     missing = [
         f"{table} (streams {', '.join(stream.name for stream in streams)})"
-        for table, streams in config.tables().items()
-        if not any(stream.auto_create for stream in streams) and current_metadata_location(config, paths, table) is None
+        for table, streams in lake.config.tables().items()
+        if not any(stream.auto_create for stream in streams) and lake.metadata_location(table) is None
     ]
     if missing:
         raise TableNotFoundError(
@@ -145,7 +139,7 @@ def require_static_tables(config: LakehouseConfig, paths: LakehousePaths) -> Non
         )
 
 
-def identifier_columns(config: LakehouseConfig, paths: LakehousePaths, stream: StreamSpec) -> list[str]:
+def identifier_columns(lake: Lakehouse, stream: StreamSpec) -> list[str]:
     """The key columns of a stream that applies changes: configured, else the table's identifier fields.
 
     Empty for append-only streams. Raises ConfigError when a change stream has neither.
@@ -154,7 +148,7 @@ def identifier_columns(config: LakehouseConfig, paths: LakehousePaths, stream: S
         return []
     if stream.identifier_columns:
         return list(stream.identifier_columns)
-    table = load_committed_table(config, paths, stream.table_identifier)
+    table = lake.table(stream.table_identifier)
     names = list(table.schema().identifier_field_names()) if table else []
     if not names:
         raise ConfigError(

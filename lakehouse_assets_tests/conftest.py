@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from lakehouse_assets.config import LakehouseConfig, load_config
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets_tests.postgres_server import PostgresServer, postgres_server
 
@@ -71,6 +72,11 @@ def config(lakehouse_home: Path) -> LakehouseConfig:
 @pytest.fixture
 def paths(lakehouse_home: Path) -> LakehousePaths:
     return LakehousePaths.from_env()
+
+
+@pytest.fixture
+def lake(config: LakehouseConfig, paths: LakehousePaths) -> Lakehouse:
+    return Lakehouse(config, paths)
 
 
 @pytest.fixture

@@ -61,8 +61,8 @@ class StandaloneCluster:
         return sorted(self.work_dir.glob("app-*"))
 
 
-def session_master(spark: SparkSession) -> str:
-    """An engine call (``function(spark)``) that answers the master of the session running it,
+def session_master(spark: SparkSession, lake: object) -> str:
+    """An engine call (``function(spark, lake)``) that answers the master of the session running it,
     after running a job there."""
     spark.range(10).count()
     return spark.sparkContext.master

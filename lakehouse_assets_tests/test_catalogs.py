@@ -5,9 +5,9 @@ import pytest
 from lakehouse_assets.catalogs import pyiceberg_catalog_properties, spark_catalog_properties, without_credentials
 from lakehouse_assets.config import parse_config
 from lakehouse_assets.errors import ConfigError
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.spark import catalog_conf, static_spark_conf
-from lakehouse_assets.table_metadata import warehouse_location
 
 STREAMS = [{"name": "s", "table_identifier": "a.b", "schema": {"columns": [{"name": "x", "type": "long"}]}}]
 JDBC = {
@@ -92,12 +92,12 @@ def test_the_warehouse_defaults_to_the_storage_root_only_where_the_catalog_needs
     jdbc = _config({k: v for k, v in JDBC.items() if k != "warehouse"})
     rest = _config({"type": "rest", "uri": "https://catalog.example"})
 
-    conf = catalog_conf(jdbc, paths)
+    conf = catalog_conf(Lakehouse(jdbc, paths))
 
     assert conf["spark.sql.catalog.lake.type"] == "jdbc"
     assert conf["spark.sql.catalog.lake.warehouse"] == str(tmp_path / "shared" / "warehouse")
-    assert warehouse_location(rest, paths) is None
-    assert "spark.sql.catalog.lake.warehouse" not in catalog_conf(rest, paths)
+    assert Lakehouse(rest, paths).warehouse is None
+    assert "spark.sql.catalog.lake.warehouse" not in catalog_conf(Lakehouse(rest, paths))
 
 
 def test_configured_jars_come_after_the_iceberg_runtime():

@@ -19,10 +19,10 @@ from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.duck import iceberg_connection, scan
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import land_events
 from lakehouse_assets.recovery import lakehouse_commits
 from lakehouse_assets.runner import run_until_idle
-from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets_tests.conftest import write_config
 
 pytestmark = pytest.mark.spark
@@ -130,9 +130,9 @@ class ChangeGenerator:
         return lines
 
 
-def _table_rows(config, paths):
-    table = load_committed_table(config, paths, "crm.customers")
-    location = current_metadata_location(config, paths, "crm.customers")
+def _table_rows(lake):
+    table = lake.table("crm.customers")
+    location = lake.metadata_location("crm.customers")
     query = (
         f"SELECT id, name, amount, epoch_ms(ts) FROM {scan(location, table.current_snapshot().snapshot_id)} ORDER BY id"
     )
@@ -145,9 +145,9 @@ def test_random_change_streams_produce_exactly_the_model(
     format_version, landing_format, lakehouse_home, paths, instance, tmp_path, monkeypatch
 ):
     write_config(tmp_path, {"streams": [customers_stream(format_version, landing_format)]}, monkeypatch)
-    config = load_config()
-    stream = config.stream("customers")
-    defs = build_definitions(config)
+    lake = Lakehouse(load_config(), paths)
+    stream = lake.stream("customers")
+    defs = build_definitions(lake.config)
     generator = ChangeGenerator(seed=int(format_version) * 10 + len(landing_format), landing_format=landing_format)
     bad_events = (
         [json.dumps({"op": "truncate", "id": 1})]
@@ -162,9 +162,9 @@ def test_random_change_streams_produce_exactly_the_model(
             land_events(paths, stream, bad_events)
         report = run_until_idle(defs, instance, log=lambda _: None)
         assert report.failed == []
-        assert _table_rows(config, paths) == sorted(generator.model.rows.values())
+        assert _table_rows(lake) == sorted(generator.model.rows.values())
 
-    table = load_committed_table(config, paths, "crm.customers")
+    table = lake.table("crm.customers")
     commits = lakehouse_commits(table)
     assert [(c.first_sequence, c.last_sequence) for c in commits] == [(n, n) for n in range(1, 8)]
     merges = [s.summary.additional_properties for s in table.snapshots() if s.summary.operation.value == "overwrite"]
@@ -176,7 +176,7 @@ def test_random_change_streams_produce_exactly_the_model(
     dead_letter_table = "crm.customers_dead_letters"
     dead = (
         iceberg_connection()
-        .sql(f"SELECT reason FROM iceberg_scan('{current_metadata_location(config, paths, dead_letter_table)}')")
+        .sql(f"SELECT reason FROM iceberg_scan('{lake.metadata_location(dead_letter_table)}')")
         .fetchall()
     )
     expected_reason = (
@@ -200,13 +200,13 @@ def test_change_checks_fail_on_duplicated_keys_and_on_a_batch_not_applied(
     from lakehouse_assets.spark import lakehouse_session
 
     write_config(tmp_path, {"streams": [customers_stream("2", "json")]}, monkeypatch)
-    config = load_config()
-    stream = config.stream("customers")
+    lake = Lakehouse(load_config(), paths)
+    stream = lake.stream("customers")
     land_events(paths, stream, [json.dumps({"op": "c", "id": key, "name": "a"}) for key in range(5)])
     land_events(paths, stream, [json.dumps({"op": "d", "id": 1}), json.dumps({"op": "u", "id": 2, "name": "b"})])
-    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
-    table = load_committed_table(config, paths, "crm.customers")
-    location = current_metadata_location(config, paths, "crm.customers")
+    assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
+    table = lake.table("crm.customers")
+    location = lake.metadata_location("crm.customers")
     merge_snapshot = table.current_snapshot()
     batch = StreamLedger(paths.staging("customers")).batch(2)
     columns = ["id", "name", "amount", "ts"]
@@ -231,9 +231,9 @@ def test_change_checks_fail_on_duplicated_keys_and_on_a_batch_not_applied(
     assert "batch 2: 1 deleted keys are still present" in not_applied.description
     assert "batch 2: 1 upserted keys are missing or hold other values" in not_applied.description
 
-    lakehouse_session(config, paths).sql("INSERT INTO lake.crm.customers VALUES (3, 'twin', NULL, NULL)")
-    duplicated = load_committed_table(config, paths, "crm.customers").current_snapshot().snapshot_id
-    location = current_metadata_location(config, paths, "crm.customers")
+    lakehouse_session(lake).sql("INSERT INTO lake.crm.customers VALUES (3, 'twin', NULL, NULL)")
+    duplicated = lake.table("crm.customers").current_snapshot().snapshot_id
+    location = lake.metadata_location("crm.customers")
     outcome = checks.check_keys_unique(connection, checks.CommittedSnapshot(location, duplicated), ["id"])
     assert not outcome.passed and outcome.metadata["duplicated_keys"] == ["(3,)"]
 
@@ -247,14 +247,14 @@ def test_replaying_a_change_batch_leaves_the_same_table(lakehouse_home, paths, i
     from lakehouse_assets.table_writes import merge_changes
 
     write_config(tmp_path, {"streams": [customers_stream("2", "json")]}, monkeypatch)
-    config = load_config()
-    stream = config.stream("customers")
+    lake = Lakehouse(load_config(), paths)
+    stream = lake.stream("customers")
     generator = ChangeGenerator(seed=5, landing_format="json")
     land_events(paths, stream, generator.batch(60))
-    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
-    before = _table_rows(config, paths)
+    assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
+    before = _table_rows(lake)
 
-    spark = lakehouse_session(config, paths)
+    spark = lakehouse_session(lake)
     batch = StreamLedger(paths.staging("customers")).batch(1)
     table_schema = spark.table("lake.crm.customers").schema
     columns = table_schema.fieldNames()
@@ -262,4 +262,4 @@ def test_replaying_a_change_batch_leaves_the_same_table(lakehouse_home, paths, i
     assert changes.groupBy("id").count().where(F.col("count") > 1).count() == 0
     merge_changes(spark, "crm.customers", changes, ["id"], columns, {}, "replayed_batch")
 
-    assert _table_rows(config, paths) == before == sorted(generator.model.rows.values())
+    assert _table_rows(lake) == before == sorted(generator.model.rows.values())

@@ -10,30 +10,29 @@ from lakehouse_assets.duck import iceberg_connection
 from lakehouse_assets.landing import land_events
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets.spark import lakehouse_session
-from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets_tests.conftest import order_event
 
 pytestmark = pytest.mark.spark
 
 
 @pytest.fixture
-def committed_orders(config, paths, instance):
-    land_events(paths, config.stream("orders"), [order_event(i) for i in range(1, 51)])
-    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
-    return lakehouse_session(config, paths)
+def committed_orders(lake, instance):
+    land_events(lake.paths, lake.stream("orders"), [order_event(i) for i in range(1, 51)])
+    assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
+    return lakehouse_session(lake)
 
 
-def _current(config, paths):
-    table = load_committed_table(config, paths, "sales.orders")
-    location = current_metadata_location(config, paths, "sales.orders")
+def _current(lake):
+    table = lake.table("sales.orders")
+    location = lake.metadata_location("sales.orders")
     return checks.CommittedSnapshot(location, table.current_snapshot().snapshot_id)
 
 
-def test_a_foreign_row_fails_the_row_count_check_in_the_dagster_ui(committed_orders, config, paths, instance):
+def test_a_foreign_row_fails_the_row_count_check_in_the_dagster_ui(committed_orders, lake, instance):
     committed_orders.sql("INSERT INTO lake.sales.orders VALUES (999, 1, 1.0, current_timestamp())")
-    land_events(paths, config.stream("orders"), [order_event(i) for i in range(51, 61)])
+    land_events(lake.paths, lake.stream("orders"), [order_event(i) for i in range(51, 61)])
 
-    report = run_until_idle(build_definitions(config), instance, log=lambda _: None)
+    report = run_until_idle(build_definitions(lake.config), instance, log=lambda _: None)
 
     # The check is blocking: the run that committed (the writer run) fails, so nothing downstream
     # reads the bad table.
@@ -47,7 +46,7 @@ def test_a_foreign_row_fails_the_row_count_check_in_the_dagster_ui(committed_ord
     assert evaluation.metadata["rows_staged"].value == 60
 
 
-def test_a_gap_in_batch_ranges_fails_the_sequence_check(committed_orders, config, paths):
+def test_a_gap_in_batch_ranges_fails_the_sequence_check(committed_orders, lake):
     (
         committed_orders.createDataFrame(
             [(1000, 1, 1.0, None)], "order_id long, customer_id long, amount double, ts timestamp"
@@ -58,37 +57,35 @@ def test_a_gap_in_batch_ranges_fails_the_sequence_check(committed_orders, config
         .option("snapshot-property.lakehouse.rows", "1")
         .append()
     )
-    outcome = checks.check_sequence_ranges(_current(config, paths))
+    outcome = checks.check_sequence_ranges(_current(lake))
     assert not outcome.passed
     assert "stream orders: gap: range 5-5 after 1" in outcome.description
 
 
-def test_a_schema_change_fails_the_schema_check(committed_orders, config, paths):
+def test_a_schema_change_fails_the_schema_check(committed_orders, lake):
     committed_orders.sql("ALTER TABLE lake.sales.orders ADD COLUMN coupon string")
     committed_orders.sql("INSERT INTO lake.sales.orders VALUES (1001, 1, 1.0, current_timestamp(), 'x')")
-    outcome = checks.check_schema(
-        iceberg_connection(), _current(config, paths), config.stream("orders").table_schema.columns
-    )
+    outcome = checks.check_schema(iceberg_connection(), _current(lake), lake.stream("orders").table_schema.columns)
     assert not outcome.passed
     assert "coupon" in outcome.description
 
 
-def test_a_data_file_referenced_twice_fails_the_data_file_check(committed_orders, config, paths):
+def test_a_data_file_referenced_twice_fails_the_data_file_check(committed_orders, lake):
     jvm = committed_orders.sparkContext._jvm
     table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
         committed_orders._jsparkSession, "lake.sales.orders"
     )
     data_file = table.currentSnapshot().addedDataFiles(table.io()).iterator().next()
     table.newFastAppend().appendFile(data_file).commit()
-    outcome = checks.check_unique_data_files(iceberg_connection(), _current(config, paths))
+    outcome = checks.check_unique_data_files(iceberg_connection(), _current(lake))
     assert not outcome.passed
     assert outcome.metadata["duplicated"] == [data_file.location()]
 
 
-def test_every_check_passes_on_a_healthy_table(committed_orders, config, paths):
-    snapshot = _current(config, paths)
+def test_every_check_passes_on_a_healthy_table(committed_orders, lake):
+    snapshot = _current(lake)
     connection = iceberg_connection()
-    declared = config.stream("orders").table_schema.columns
+    declared = lake.stream("orders").table_schema.columns
     for outcome in (
         checks.check_schema(connection, snapshot, declared),
         checks.check_row_count(connection, snapshot),

@@ -10,12 +10,10 @@ import dagster as dg
 import pytest
 import yaml
 
-from lakehouse_assets.config import load_config
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import landing_dir, write_landing_file
-from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runner import run_pipeline_until_idle
 from lakehouse_assets.spark import lakehouse_session
-from lakehouse_assets.table_metadata import load_committed_table
 
 pytestmark = pytest.mark.spark
 
@@ -109,22 +107,22 @@ def dead_letters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         monkeypatch.setenv("LAKEHOUSE_CONFIG", str(root / "lakehouse.yaml"))
         (root / "dagster").mkdir()
         (root / "lakehouse.yaml").write_text(yaml.safe_dump({"streams": STREAMS}))
-        config, paths = load_config(), LakehousePaths.from_env()
-        spark = lakehouse_session(config, paths)
+        lake = Lakehouse.from_env()
+        spark = lakehouse_session(lake)
         spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.crm")
         spark.sql("CREATE TABLE lake.crm.contacts (id bigint, name string) USING iceberg")
-        for stream in config.streams:
+        for stream in lake.config.streams:
             lines = [event for name, event, _, _ in CASES if name == stream.name] + [GOOD_EVENTS[stream.name][0]]
-            write_landing_file(landing_dir(paths, stream), [f"{line}\n".encode() for line in lines])
+            write_landing_file(landing_dir(lake.paths, stream), [f"{line}\n".encode() for line in lines])
         with dg.DagsterInstance.get() as instance:
             assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
-        config = load_config()
+        lake = Lakehouse.from_env()
         tables = {table for _, _, table, _ in CASES} | {table for _, table in GOOD_EVENTS.values()}
-        yield {table: _rows(config, paths, table) for table in tables}
+        yield {table: _rows(lake, table) for table in tables}
 
 
-def _rows(config, paths, identifier: str) -> list[dict]:
-    table = load_committed_table(config, paths, identifier)
+def _rows(lake, identifier: str) -> list[dict]:
+    table = lake.table(identifier)
     return table.scan().to_arrow().to_pylist() if table else []
 
 

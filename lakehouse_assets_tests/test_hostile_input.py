@@ -9,11 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakehouse_assets.committer import commit_table
-from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import land_events, landing_dir
 from lakehouse_assets.micro_batching import mint_next_batch
-from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runner import run_pipeline_until_idle, run_until_idle
 from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.staging import stage_batch
@@ -25,19 +24,21 @@ pytestmark = pytest.mark.spark
 SPARK_FAILURE = "Spark could not convert this event"
 
 
-def _dead_letters(config, paths, identifier="sales.orders_dead_letters"):
-    return _duckdb_rows(config, paths, identifier, "source_file, source_line, reason, event")
+def _dead_letters(lake, identifier="sales.orders_dead_letters"):
+    return _duckdb_rows(lake, identifier, "source_file, source_line, reason, event")
 
 
-def test_an_epoch_in_nanoseconds_does_not_stall_the_stream(config, paths, instance):
-    stream = config.stream("orders")
-    land_events(paths, stream, [order_event(i) for i in range(1, 101)] + [order_event(101, ts=1764064800000000000)])
-    first = run_until_idle(build_definitions(config), instance, log=lambda _: None)
-    land_events(paths, stream, [order_event(i) for i in range(102, 111)])
-    later = run_until_idle(build_definitions(config), instance, log=lambda _: None)
+def test_an_epoch_in_nanoseconds_does_not_stall_the_stream(lake, instance):
+    stream = lake.stream("orders")
+    land_events(
+        lake.paths, stream, [order_event(i) for i in range(1, 101)] + [order_event(101, ts=1764064800000000000)]
+    )
+    first = run_until_idle(build_definitions(lake.config), instance, log=lambda _: None)
+    land_events(lake.paths, stream, [order_event(i) for i in range(102, 111)])
+    later = run_until_idle(build_definitions(lake.config), instance, log=lambda _: None)
 
     assert first.failed == [] and later.failed == []
-    rows = _duckdb_rows(config, paths, "sales.orders", "order_id, ts IS NULL")
+    rows = _duckdb_rows(lake, "sales.orders", "order_id, ts IS NULL")
     # ts is optional: a value that is no instant Spark can hold is NULL, as any uncoercible value.
     assert rows == [(i, i == 101) for i in range(1, 111)]
 
@@ -47,21 +48,21 @@ def test_an_event_spark_fails_on_is_isolated_and_dead_lettered(tmp_path, monkeyp
     failing = "CASE WHEN amount = 13.0 THEN raise_error('amount 13 is cursed') ELSE true END"
     stream = {**ORDERS_STREAM, "expectations": [{"name": "cursed", "condition": failing, "on_failure": "dead_letter"}]}
     write_config(tmp_path, {"streams": [stream]}, monkeypatch)
-    config, paths = load_config(), LakehousePaths.from_env()
+    lake = Lakehouse.from_env()
     events = [order_event(i) for i in range(1, 51)] + [order_event(51, amount=13.0), order_event(52, amount=13.0)]
-    [landed] = land_events(paths, config.stream("orders"), events)
+    [landed] = land_events(lake.paths, lake.stream("orders"), events)
 
-    report = run_until_idle(build_definitions(config), instance, log=lambda _: None)
+    report = run_until_idle(build_definitions(lake.config), instance, log=lambda _: None)
 
     assert report.failed == []
-    assert [row[0] for row in _duckdb_rows(config, paths, "sales.orders", "order_id")] == list(range(1, 51))
-    dead = _dead_letters(config, paths)
+    assert [row[0] for row in _duckdb_rows(lake, "sales.orders", "order_id")] == list(range(1, 51))
+    dead = _dead_letters(lake)
     assert [(file, line) for file, line, _, _ in dead] == [(landed.name, 51), (landed.name, 52)]
     assert all(reason.startswith(SPARK_FAILURE) and "amount 13 is cursed" in reason for _, _, reason, _ in dead)
 
 
-def test_landing_file_names_are_names_not_patterns(config, paths, instance):
-    directory = landing_dir(paths, config.stream("orders"))
+def test_landing_file_names_are_names_not_patterns(lake, instance):
+    directory = landing_dir(lake.paths, lake.stream("orders"))
     directory.mkdir(parents=True)
     names = ["a1", "b1", "a?", "a[1]", "b{1,2}", "c*", "d e%20", "f:g", "h\\i", "ünï", "j'k\"", "tab\tname"]
     expected, order_id = [], 0
@@ -73,34 +74,34 @@ def test_landing_file_names_are_names_not_patterns(config, paths, instance):
             expected.append((f"{name}.ndjson", order_id))
         (directory / f"{name}.ndjson").write_text("\n".join(lines) + "\n")
 
-    report = run_until_idle(build_definitions(config), instance, log=lambda _: None)
-    land_events(paths, config.stream("orders"), [order_event(order_id + 1)])
-    later = run_until_idle(build_definitions(config), instance, log=lambda _: None)
+    report = run_until_idle(build_definitions(lake.config), instance, log=lambda _: None)
+    land_events(lake.paths, lake.stream("orders"), [order_event(order_id + 1)])
+    later = run_until_idle(build_definitions(lake.config), instance, log=lambda _: None)
 
     assert report.failed == [] and later.failed == []
-    assert [row[0] for row in _duckdb_rows(config, paths, "sales.orders", "order_id")] == list(range(1, order_id + 2))
+    assert [row[0] for row in _duckdb_rows(lake, "sales.orders", "order_id")] == list(range(1, order_id + 2))
 
 
 def test_a_routed_name_with_a_line_break_is_a_dead_letter_and_the_rest_is_routed(lakehouse_home, tmp_path, monkeypatch):
     router = {"name": "app", "table_identifier": "${/db}.${/t}", "auto_create": True, "commit_interval": "0s"}
     write_config(tmp_path, {"streams": [router]}, monkeypatch)
-    config, paths = load_config(), LakehousePaths.from_env()
+    lake = Lakehouse.from_env()
     hostile = ["orders\n", "orders\r", "a/b", "..", "", "x" * 200, "UPPER", "white space", "o\u2028"]
     events = [{"db": "shop", "t": "orders", "n": n} for n in range(5)] + [{"db": "shop", "t": t} for t in hostile]
-    land_events(paths, config.stream("app"), [json.dumps(event) for event in events])
+    land_events(lake.paths, lake.stream("app"), [json.dumps(event) for event in events])
 
     from lakehouse_assets.runner import dagster_instance
 
-    with dagster_instance(paths) as instance:
+    with dagster_instance(lake.paths) as instance:
         report = run_pipeline_until_idle(instance, log=lambda _: None)
-        land_events(paths, config.stream("app"), [json.dumps({"db": "shop", "t": "orders", "n": 5})])
+        land_events(lake.paths, lake.stream("app"), [json.dumps({"db": "shop", "t": "orders", "n": 5})])
         later = run_pipeline_until_idle(instance, log=lambda _: None)
 
     assert report.failed == [] and later.failed == []
-    config = load_config()
-    assert sorted(stream.name for stream in config.streams) == ["app", "app__shop__orders", "app__shop__upper"]
-    assert _duckdb_rows(config, paths, "shop.orders", "n") == [(n,) for n in range(6)]
-    dead = _dead_letters(config, paths, "lakehouse.app_dead_letters")
+    lake = Lakehouse.from_env()
+    assert sorted(stream.name for stream in lake.config.streams) == ["app", "app__shop__orders", "app__shop__upper"]
+    assert _duckdb_rows(lake, "shop.orders", "n") == [(n,) for n in range(6)]
+    dead = _dead_letters(lake, "lakehouse.app_dead_letters")
     assert sorted(json.loads(event)["t"] for *_, event in dead) == sorted(set(hostile) - {"UPPER"})
     assert all("table_identifier ${/db}.${/t}" in reason for _, _, reason, _ in dead)
 
@@ -220,33 +221,33 @@ def hostile_home(tmp_path_factory):
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("LAKEHOUSE_HOME", str(home / "lakehouse"))
         monkeypatch.setenv("LAKEHOUSE_CONFIG", str(home / "lakehouse.yaml"))
-        config, paths = load_config(), LakehousePaths.from_env()
-        yield config, paths, lakehouse_session(config, paths), Counter()
+        lake = Lakehouse.from_env()
+        yield lake, lakehouse_session(lake), Counter()
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), final_newline=st.booleans())
 def test_any_line_becomes_a_row_or_a_dead_letter_and_never_fails_the_job(hostile_home, data, final_newline):
-    config, paths, spark, totals = hostile_home
+    lake, spark, totals = hostile_home
     first_id = sum(totals.values()) + 1
     lines = [data.draw(hostile_line(first_id + n)) for n in range(data.draw(st.integers(1, 12)))]
-    directory = landing_dir(paths, config.stream("hostile"))
+    directory = landing_dir(lake.paths, lake.stream("hostile"))
     directory.mkdir(parents=True, exist_ok=True)
     name = f"{first_id:08d}.ndjson"
     (directory / f".{name}").write_bytes(b"\n".join(lines) + (b"\n" if final_newline else b""))
     (directory / f".{name}").rename(directory / name)
 
-    batch, _ = mint_next_batch(config, paths, config.stream("hostile"), drain=True)
-    staged = stage_batch(spark, config, paths, config.stream("hostile"), batch.sequence).staged
-    commit_table(spark, config, paths, "h.events", f"run-{batch.sequence}")
+    batch, _ = mint_next_batch(lake, lake.stream("hostile"), drain=True)
+    staged = stage_batch(spark, lake, lake.stream("hostile"), batch.sequence).staged
+    commit_table(spark, lake, "h.events", f"run-{batch.sequence}")
 
     non_blank = sum(1 for line in lines if line.strip(b" \t\r"))
     assert staged.rows + staged.rejected == non_blank
     totals["rows"] += staged.rows
     totals["rejected"] += staged.rejected
-    ids = [row[0] for row in _duckdb_rows(config, paths, "h.events", "id")]
+    ids = [row[0] for row in _duckdb_rows(lake, "h.events", "id")]
     assert len(ids) == len(set(ids)) == totals["rows"], "every accepted line is one row"
-    dead = _dead_letters(config, paths, "h.events_dead_letters") if totals["rejected"] else []
+    dead = _dead_letters(lake, "h.events_dead_letters") if totals["rejected"] else []
     assert len(dead) == totals["rejected"], "every rejected line is one dead letter"
     # Conversion is total on its own: the safety net that isolates Spark failures is never needed.
     assert not [reason for _, _, reason, _ in dead if reason.startswith(SPARK_FAILURE)]
@@ -264,11 +265,10 @@ def _debezium(op: str, key: int, name: str | None, lsn: int) -> str:
     )
 
 
-def _stale_counts(config, paths):
+def _stale_counts(lake):
     from lakehouse_assets import summary_keys
-    from lakehouse_assets.table_metadata import load_committed_table
 
-    table = load_committed_table(config, paths, "crm.customers")
+    table = lake.table("crm.customers")
     return [
         int(snapshot.summary.additional_properties.get(summary_keys.STALE_CHANGES, "0"))
         for snapshot in table.snapshots()
@@ -276,10 +276,10 @@ def _stale_counts(config, paths):
     ]
 
 
-def _run_batches(config, paths, instance, batches):
-    defs = build_definitions(config)
+def _run_batches(lake, instance, batches):
+    defs = build_definitions(lake.config)
     for batch in batches:
-        land_events(paths, config.stream("customers"), batch)
+        land_events(lake.paths, lake.stream("customers"), batch)
         assert run_until_idle(defs, instance, log=lambda _: None).failed == []
 
 
@@ -300,11 +300,10 @@ def test_a_late_change_never_overwrites_a_newer_one(lakehouse_home, tmp_path, mo
     from lakehouse_assets_tests.test_changes import customers_stream
 
     write_config(tmp_path, {"streams": [customers_stream("2", "debezium")]}, monkeypatch)
-    config, paths = load_config(), LakehousePaths.from_env()
+    lake = Lakehouse.from_env()
 
     _run_batches(
-        config,
-        paths,
+        lake,
         instance,
         [
             [_debezium("c", 1, "first", 100), _debezium("u", 1, "newest", 300), _debezium("c", 2, "two", 110)],
@@ -314,11 +313,11 @@ def test_a_late_change_never_overwrites_a_newer_one(lakehouse_home, tmp_path, mo
         ],
     )
 
-    assert _duckdb_rows(config, paths, "crm.customers", "id, name, _lakehouse_source_position.lsn") == [
+    assert _duckdb_rows(lake, "crm.customers", "id, name, _lakehouse_source_position.lsn") == [
         (1, "newest", 300),
         (2, "two again", 310),
     ]
-    assert _stale_counts(config, paths) == [0, 1, 1]
+    assert _stale_counts(lake) == [0, 1, 1]
     assert _change_checks_passed(instance)
 
 
@@ -328,14 +327,13 @@ def test_a_version_column_orders_plain_change_events(lakehouse_home, tmp_path, m
     stream = customers_stream("2", "json")
     stream["schema"]["columns"].append({"name": "version", "type": "long"})
     write_config(tmp_path, {"streams": [{**stream, "version_column": "version"}]}, monkeypatch)
-    config, paths = load_config(), LakehousePaths.from_env()
+    lake = Lakehouse.from_env()
 
     def change(op, key, name, version):
         return json.dumps({"op": op, "id": key, "name": name, "version": version})
 
     _run_batches(
-        config,
-        paths,
+        lake,
         instance,
         [
             # Within a batch the highest version wins, whatever the landing order.
@@ -344,6 +342,6 @@ def test_a_version_column_orders_plain_change_events(lakehouse_home, tmp_path, m
         ],
     )
 
-    assert _duckdb_rows(config, paths, "crm.customers", "id, name, version") == [(1, "v5", 5), (2, "v2", 2)]
-    assert _stale_counts(config, paths) == [0, 1]
+    assert _duckdb_rows(lake, "crm.customers", "id, name, version") == [(1, "v5", 5), (2, "v2", 2)]
+    assert _stale_counts(lake) == [0, 1]
     assert _change_checks_passed(instance)

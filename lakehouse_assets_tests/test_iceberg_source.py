@@ -10,14 +10,12 @@ import pytest
 
 from lakehouse_assets import faults, summary_keys
 from lakehouse_assets.cli import main as lakehouse_main
-from lakehouse_assets.config import load_config
 from lakehouse_assets.duck import iceberg_connection
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import list_landing_files
-from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runner import run_pipeline_until_idle
 from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.status import lakehouse_status
-from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets_tests.conftest import write_config
 from lakehouse_assets_tests.fault_injection.pipeline import run_pipeline_process
 
@@ -44,65 +42,65 @@ def _create_source(spark, mode: str) -> None:
     )
 
 
-def _rows(config, paths, identifier: str, columns: str) -> list[tuple]:
-    location = current_metadata_location(config, paths, identifier)
+def _rows(lake, identifier: str, columns: str) -> list[tuple]:
+    location = lake.metadata_location(identifier)
     return iceberg_connection().sql(f"SELECT {columns} FROM iceberg_scan('{location}') ORDER BY id").fetchall()
 
 
-def _sync_and_compare(config, paths, columns: str = "id, name, balance, region") -> None:
+def _sync_and_compare(lake, columns: str = "id, name, balance, region") -> None:
     with dg.DagsterInstance.get() as instance:
         assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
-    assert _rows(config, paths, "mirror.accounts", columns) == _rows(config, paths, "src.accounts", columns)
+    assert _rows(lake, "mirror.accounts", columns) == _rows(lake, "src.accounts", columns)
 
 
 @pytest.fixture
 def with_source(lakehouse_home, tmp_path, monkeypatch, request):
     write_config(tmp_path, {"streams": [SYNC]}, monkeypatch)
-    config, paths = load_config(), LakehousePaths.from_env()
-    spark = lakehouse_session(config, paths)
+    lake = Lakehouse.from_env()
+    spark = lakehouse_session(lake)
     _create_source(spark, getattr(request, "param", "copy-on-write"))
-    return config, paths, spark
+    return lake, spark
 
 
 @pytest.mark.parametrize("with_source", WRITE_MODES, indirect=True)
 def test_the_downstream_table_equals_the_source_after_every_change(with_source):
-    config, paths, spark = with_source
+    lake, spark = with_source
     spark.sql(
         "INSERT INTO lake.src.accounts VALUES (1, 'ada', 10.00, 'eu'), (2, 'bob', 20.00, 'us'), "
         "(3, 'cy', 30.00, 'eu'), (4, 'di', 40.00, 'us')"
     )
-    _sync_and_compare(config, paths)  # the initial load
+    _sync_and_compare(lake)  # the initial load
 
     spark.sql("UPDATE lake.src.accounts SET balance = 21.50 WHERE id = 2")
     spark.sql("DELETE FROM lake.src.accounts WHERE id = 3")
     spark.sql("INSERT INTO lake.src.accounts VALUES (5, 'ed', 50.00, 'eu')")
-    _sync_and_compare(config, paths)  # three snapshots, in order
+    _sync_and_compare(lake)  # three snapshots, in order
 
     spark.sql(
         "MERGE INTO lake.src.accounts t USING (SELECT 1 AS id, 'ada' AS name, 11.00 AS balance, 'eu' AS region "
         "UNION ALL SELECT 6, 'fay', 60.00, 'us') s ON t.id = s.id "
         "WHEN MATCHED THEN UPDATE SET t.balance = s.balance WHEN NOT MATCHED THEN INSERT *"
     )
-    changed = load_committed_table(config, paths, "src.accounts").current_snapshot().snapshot_id
-    _sync_and_compare(config, paths)
-    summary = load_committed_table(config, paths, "mirror.accounts").current_snapshot().summary
+    changed = lake.table("src.accounts").current_snapshot().snapshot_id
+    _sync_and_compare(lake)
+    summary = lake.table("mirror.accounts").current_snapshot().summary
     assert summary.additional_properties[summary_keys.SOURCE_SNAPSHOT] == str(changed)
 
     spark.sql("CALL lake.system.rewrite_data_files(table => 'src.accounts', options => map('min-input-files', '1'))")
-    before = load_committed_table(config, paths, "mirror.accounts").current_snapshot().snapshot_id
-    _sync_and_compare(config, paths)  # compaction: nothing to apply
-    assert load_committed_table(config, paths, "mirror.accounts").current_snapshot().snapshot_id == before
+    before = lake.table("mirror.accounts").current_snapshot().snapshot_id
+    _sync_and_compare(lake)  # compaction: nothing to apply
+    assert lake.table("mirror.accounts").current_snapshot().snapshot_id == before
 
     spark.sql("ALTER TABLE lake.src.accounts ADD COLUMN tier string")
     spark.sql("UPDATE lake.src.accounts SET tier = 'gold' WHERE id = 1")
     spark.sql("INSERT INTO lake.src.accounts VALUES (7, 'gus', 70.00, 'us', 'silver')")
     spark.sql("DELETE FROM lake.src.accounts WHERE region = 'eu' AND id = 5")
-    _sync_and_compare(config, paths, "id, name, balance, region, tier")
+    _sync_and_compare(lake, "id, name, balance, region, tier")
 
     events = [
         json.loads(line)
-        for landed in list_landing_files(paths.landing("accounts_sync"))
-        for line in (paths.landing("accounts_sync") / landed.name).open()
+        for landed in list_landing_files(lake.paths.landing("accounts_sync"))
+        for line in (lake.paths.landing("accounts_sync") / landed.name).open()
     ]
     deleted = next(event for event in events if event["iceberg_operation"] == "DELETE" and event["id"] == 3)
     assert (deleted["bulk_action"], deleted["document_id"]) == ("DELETE", "3")
@@ -110,15 +108,15 @@ def test_the_downstream_table_equals_the_source_after_every_change(with_source):
     updates = [event for event in events if event["id"] == 2 and event["iceberg_operation"] == "UPDATE_AFTER"]
     assert [event["balance"] for event in updates] == [21.5]  # one INDEX per key and snapshot, no UPDATE_BEFORE
 
-    bulk = "".join(path.read_text() for path in sorted(paths.exports("accounts_sync").iterdir()))
+    bulk = "".join(path.read_text() for path in sorted(lake.paths.exports("accounts_sync").iterdir()))
     assert '{"delete": {"_id": "3"}}' in bulk and '{"index": {"_id": "6"}}' in bulk
 
 
 @pytest.mark.parametrize("with_source", WRITE_MODES, indirect=True)
 def test_a_crash_after_emitting_before_the_checkpoint_applies_each_change_once(with_source):
-    config, paths, spark = with_source
+    lake, spark = with_source
     spark.sql("INSERT INTO lake.src.accounts VALUES (1, 'ada', 10.00, 'eu'), (2, 'bob', 20.00, 'us')")
-    _sync_and_compare(config, paths)
+    _sync_and_compare(lake)
     spark.sql("UPDATE lake.src.accounts SET balance = balance + 1")
     spark.sql("INSERT INTO lake.src.accounts VALUES (3, 'cy', 30.00, 'eu')")
 
@@ -128,15 +126,15 @@ def test_a_crash_after_emitting_before_the_checkpoint_applies_each_change_once(w
 
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
     columns = "id, name, balance, region"
-    assert _rows(config, paths, "mirror.accounts", columns) == _rows(config, paths, "src.accounts", columns)
-    names = [landed.name for landed in list_landing_files(paths.landing("accounts_sync"))]
+    assert _rows(lake, "mirror.accounts", columns) == _rows(lake, "src.accounts", columns)
+    names = [landed.name for landed in list_landing_files(lake.paths.landing("accounts_sync"))]
     assert len(names) == len(set(names)) == 3  # the load and one file per change snapshot, none twice
 
 
 def test_an_expired_checkpoint_fails_loudly_and_a_reload_converges(with_source):
-    config, paths, spark = with_source
+    lake, spark = with_source
     spark.sql("INSERT INTO lake.src.accounts VALUES (1, 'ada', 10.00, 'eu'), (2, 'bob', 20.00, 'us')")
-    _sync_and_compare(config, paths)
+    _sync_and_compare(lake)
     spark.sql("DELETE FROM lake.src.accounts WHERE id = 1")
     spark.sql("INSERT INTO lake.src.accounts VALUES (3, 'cy', 30.00, 'eu')")
     spark.sql(
@@ -154,15 +152,15 @@ def test_an_expired_checkpoint_fails_loudly_and_a_reload_converges(with_source):
     assert "has expired" in message and "lakehouse source reload --stream accounts_sync" in message
 
     assert lakehouse_main(["source", "reload", "--stream", "accounts_sync"]) == 0
-    _sync_and_compare(config, paths)  # id 1 is deleted downstream by the reload, id 3 added
-    assert [row[0] for row in _rows(config, paths, "mirror.accounts", "id")] == [2, 3]
+    _sync_and_compare(lake)  # id 1 is deleted downstream by the reload, id 3 added
+    assert [row[0] for row in _rows(lake, "mirror.accounts", "id")] == [2, 3]
 
 
 def test_disable_export_starts_from_the_current_snapshot(lakehouse_home, tmp_path, monkeypatch):
     stream = {**SYNC, "source": {"iceberg": {**SYNC["source"]["iceberg"], "disable_export": True}}}
     write_config(tmp_path, {"streams": [stream]}, monkeypatch)
-    config, paths = load_config(), LakehousePaths.from_env()
-    spark = lakehouse_session(config, paths)
+    lake = Lakehouse.from_env()
+    spark = lakehouse_session(lake)
     _create_source(spark, "copy-on-write")
     spark.sql("INSERT INTO lake.src.accounts VALUES (1, 'ada', 10.00, 'eu')")
     with dg.DagsterInstance.get() as instance:
@@ -171,14 +169,14 @@ def test_disable_export_starts_from_the_current_snapshot(lakehouse_home, tmp_pat
     with dg.DagsterInstance.get() as instance:
         assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
 
-    assert _rows(config, paths, "mirror.accounts", "id, name") == [(2, "bob")]
+    assert _rows(lake, "mirror.accounts", "id, name") == [(2, "bob")]
 
 
 def test_a_source_in_another_catalog_is_synced(lakehouse_home, tmp_path, monkeypatch):
     source = {**SYNC["source"]["iceberg"], "catalog": {"type": "hadoop", "warehouse": str(tmp_path / "other")}}
     write_config(tmp_path, {"streams": [{**SYNC, "source": {"iceberg": source}}]}, monkeypatch)
-    config, paths = load_config(), LakehousePaths.from_env()
-    spark = lakehouse_session(config, paths)
+    lake = Lakehouse.from_env()
+    spark = lakehouse_session(lake)
     spark.sql("CREATE NAMESPACE IF NOT EXISTS source_accounts_sync.src")
     spark.sql("CREATE TABLE source_accounts_sync.src.accounts (id bigint NOT NULL, name string) USING iceberg")
     spark.sql("INSERT INTO source_accounts_sync.src.accounts VALUES (1, 'ada'), (2, 'bob')")
@@ -189,9 +187,9 @@ def test_a_source_in_another_catalog_is_synced(lakehouse_home, tmp_path, monkeyp
     with dg.DagsterInstance.get() as instance:
         assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
 
-    assert load_committed_table(config, paths, "src.accounts") is None  # not in catalog lake
-    source_rows = _rows(config.source_catalog(config.stream("accounts_sync")), paths, "src.accounts", "id, name")
-    assert _rows(config, paths, "mirror.accounts", "id, name") == source_rows == [(2, "bea")]
-    [entry] = lakehouse_status(config, paths, None)
+    assert lake.table("src.accounts") is None  # not in catalog lake
+    source_rows = _rows(lake.source(lake.stream("accounts_sync")), "src.accounts", "id, name")
+    assert _rows(lake, "mirror.accounts", "id, name") == source_rows == [(2, "bea")]
+    [entry] = lakehouse_status(lake, None)
     [progress] = entry["streams"]
     assert progress["source_snapshot_synced"] == progress["source_snapshot_current"] is not None

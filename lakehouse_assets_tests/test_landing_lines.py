@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakehouse_assets.conversion import read_landing_lines
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.staged_format import EVENT_COLUMN, LINE_COLUMN, SOURCE_FILE_COLUMN
 
@@ -29,7 +30,7 @@ def small_splits(tmp_path_factory):
 
     home = tmp_path_factory.mktemp("lines")
     config = parse_config({"streams": [{"name": "s", "table_identifier": "a.b"}]})
-    spark = lakehouse_session(config, LakehousePaths(home, home))
+    spark = lakehouse_session(Lakehouse(config, LakehousePaths(home, home)))
     spark.conf.set("spark.sql.files.maxPartitionBytes", "256")
     spark.conf.set("spark.sql.files.openCostInBytes", "1")
     return spark, home

@@ -11,10 +11,10 @@ from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import land_events, landing_dir, list_landing_files
 from lakehouse_assets.landing_retention import remove_committed_landing_files
 from lakehouse_assets.runner import run_job, run_until_idle
-from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets.table_stats import table_stats
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
 
@@ -37,20 +37,20 @@ def maintained(lakehouse_home, tmp_path, monkeypatch):
     return load_config()
 
 
-def _rows(config, paths):
-    table = load_committed_table(config, paths, "sales.orders")
+def _rows(lake):
+    table = lake.table("sales.orders")
     return sorted(table.scan(selected_fields=("order_id", "amount")).to_arrow().to_pylist(), key=str)
 
 
 def test_maintenance_compacts_expires_and_cleans_without_changing_rows(maintained, paths, instance):
-    config = maintained
-    stream = config.stream("orders")
-    defs = build_definitions(config)
+    lake = Lakehouse(maintained, paths)
+    stream = lake.stream("orders")
+    defs = build_definitions(lake.config)
     for batch in range(3):
         land_events(paths, stream, [order_event(batch * 100 + i) for i in range(100)])
         assert run_until_idle(defs, instance, log=lambda _: None).failed == []
-    table = load_committed_table(config, paths, "sales.orders")
-    before, rows = table_stats(table), _rows(config, paths)
+    table = lake.table("sales.orders")
+    before, rows = table_stats(table), _rows(lake)
     # No checkpoint yet: the table could still be rolled back to before any batch.
     assert remove_committed_landing_files(paths, stream, table, time.time())["landing_files_removed"] == 0
     data_dir = paths.warehouse / "sales" / "orders" / "data"
@@ -72,14 +72,14 @@ def test_maintenance_compacts_expires_and_cleans_without_changing_rows(maintaine
     assert figures["table_snapshots"] == 1
     assert figures["remove_orphan_files.orphan_files_removed"] == 1
     assert not aborted.exists() and recent.exists()
-    assert _rows(config, paths) == rows
+    assert _rows(lake) == rows
     assert list_landing_files(landing_dir(paths, stream)) == []
     assert StreamLedger(paths.staging("orders")).batches() == []
 
     # Events landed after maintenance flow as before, on top of the checkpoint.
     land_events(paths, stream, [order_event(1000)])
     assert run_until_idle(defs, instance, log=lambda _: None).failed == []
-    assert len(_rows(config, paths)) == len(rows) + 1
+    assert len(_rows(lake)) == len(rows) + 1
     key = names.table_key("sales.orders")
     for check_name in names.CHECK_NAMES:
         record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, check_name))

@@ -1,5 +1,5 @@
-"""The package's shape: no import cycle, a code location that does no work when imported, and
-DuckDB checks that run without PySpark."""
+"""The package's shape: no import cycle, one handle instead of configuration and paths side by
+side, a code location that does no work when imported, and DuckDB checks that run without PySpark."""
 
 import ast
 import subprocess
@@ -44,6 +44,17 @@ def test_no_module_imports_itself_through_others():
         if module not in state:
             visit(module, [module])
     assert cycles == []
+
+
+def test_no_function_takes_the_configuration_and_the_paths_instead_of_the_handle():
+    both = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                parameters = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
+                if {"config", "paths"} <= parameters:
+                    both.append(f"{_module_name(path)}.{node.name}")
+    assert both == []
 
 
 def _python(code: str, tmp_path: Path) -> subprocess.CompletedProcess:

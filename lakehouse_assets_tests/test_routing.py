@@ -15,13 +15,12 @@ from lakehouse_assets.config import load_config, routed_stream_name
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.sensors import writer_run_request
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import land_events, landing_dir, list_landing_files
 from lakehouse_assets.micro_batching import mint_next_batch
-from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.replay import replay_dead_letters
 from lakehouse_assets.runner import run_job, run_pipeline_until_idle
 from lakehouse_assets.spark import lakehouse_session
-from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.conftest import write_config
 from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse_process, run_pipeline_process
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
@@ -46,17 +45,17 @@ def routed(lakehouse_home, tmp_path, monkeypatch):
     return load_config()
 
 
-def drop_landing_files(config, paths, *names: str) -> None:
+def drop_landing_files(lake, *names: str) -> None:
     """Copy fixture files into the router's landing directory, as a producer would drop them."""
-    directory = landing_dir(paths, config.stream("app_events"))
+    directory = landing_dir(lake.paths, lake.stream("app_events"))
     directory.mkdir(parents=True, exist_ok=True)
     for index, name in enumerate(names):
         shutil.copy(FIXTURES / name, directory / f".{name}.tmp")
         (directory / f".{name}.tmp").rename(directory / f"{index:04d}-{name}")
 
 
-def table_rows(config, paths, identifier: str) -> list[dict]:
-    table = load_committed_table(config, paths, identifier)
+def table_rows(lake, identifier: str) -> list[dict]:
+    table = lake.table(identifier)
     return table.scan().to_arrow().to_pylist() if table else []
 
 
@@ -64,11 +63,11 @@ MESSY_FILES = ("messy_events_1.ndjson", "messy_events_2.ndjson")
 MESSY_TABLES = {"shop.orders": 7, "shop.customers": 4, "web.page_views": 4, "web.signups": 2}
 
 
-def assert_every_messy_event_is_accounted_for(config, paths) -> dict[str, list[dict]]:
+def assert_every_messy_event_is_accounted_for(lake) -> dict[str, list[dict]]:
     """Each fixture event is in exactly one table or in the router's dead letters; returns the rows."""
-    rows = {identifier: table_rows(config, paths, identifier) for identifier in MESSY_TABLES}
+    rows = {identifier: table_rows(lake, identifier) for identifier in MESSY_TABLES}
     assert {identifier: len(found) for identifier, found in rows.items()} == MESSY_TABLES
-    dead_letters = table_rows(config, paths, ROUTER_DEAD_LETTERS)
+    dead_letters = table_rows(lake, ROUTER_DEAD_LETTERS)
     landed = [line for name in MESSY_FILES for line in (FIXTURES / name).open()]
     placed = sorted(row["event_id"] for found in rows.values() for row in found)
     rejected = sorted(json.loads(row["event"])["event_id"] for row in dead_letters if row["event"].startswith("{"))
@@ -76,18 +75,19 @@ def assert_every_messy_event_is_accounted_for(config, paths) -> dict[str, list[d
     assert len(dead_letters) == 5 and len(set(placed)) == len(placed)
     # DuckDB, an independent reader, sees the same tables through the Iceberg metadata.
     for identifier, count in MESSY_TABLES.items():
-        assert _duckdb_rows(config, paths, identifier, "count(*)") == [(count,)]
+        assert _duckdb_rows(lake, identifier, "count(*)") == [(count,)]
     return rows
 
 
 def test_messy_events_route_to_auto_created_tables_and_every_event_is_accounted_for(routed, paths, instance):
-    drop_landing_files(routed, paths, *MESSY_FILES)
+    lake = Lakehouse(routed, paths)
+    drop_landing_files(lake, *MESSY_FILES)
 
     report = run_pipeline_until_idle(instance, log=lambda _: None)
 
     assert report.failed == []
-    rows = assert_every_messy_event_is_accounted_for(routed, paths)
-    reasons = {row["source_line"]: row["reason"] for row in table_rows(routed, paths, ROUTER_DEAD_LETTERS)}
+    rows = assert_every_messy_event_is_accounted_for(lake)
+    reasons = {row["source_line"]: row["reason"] for row in table_rows(lake, ROUTER_DEAD_LETTERS)}
     assert "a field it points to is missing" in reasons[6] and "not namespace.table" in reasons[8]
     assert reasons[11] == "not a JSON object"
 
@@ -109,7 +109,7 @@ def test_messy_events_route_to_auto_created_tables_and_every_event_is_accounted_
         assert instance.get_latest_materialization_event(key) is not None
         check = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, names.ROW_COUNT_CHECK))
         assert check.status.value == "SUCCEEDED", identifier
-    change = load_committed_table(routed, paths, "shop.customers").current_snapshot().summary.additional_properties
+    change = lake.table("shop.customers").current_snapshot().summary.additional_properties
     assert json.loads(change[summary_keys.SCHEMA_CHANGE]) == {"address.zip": "string", "vip": "boolean"}
 
 
@@ -124,14 +124,15 @@ def test_messy_events_route_to_auto_created_tables_and_every_event_is_accounted_
     ],
 )
 def test_a_router_killed_mid_batch_routes_every_event_once_on_restart(routed, paths, crash_at):
-    drop_landing_files(routed, paths, *MESSY_FILES)
+    lake = Lakehouse(routed, paths)
+    drop_landing_files(lake, *MESSY_FILES)
 
     crashed = run_pipeline_process({faults.CRASH_ENV: crash_at})
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
     restarted = run_pipeline_process()
 
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
-    assert_every_messy_event_is_accounted_for(load_config(), paths)
+    assert_every_messy_event_is_accounted_for(Lakehouse(load_config(), paths))
 
 
 CHANGES = {
@@ -149,53 +150,54 @@ def test_routed_changes_apply_in_order_and_a_missing_table_is_a_dead_letter(
     lakehouse_home, tmp_path, monkeypatch, paths
 ):
     write_config(tmp_path, {"streams": [CHANGES]}, monkeypatch)
-    config, paths = load_config(), LakehousePaths.from_env()
-    spark = lakehouse_session(config, paths)
+    lake = Lakehouse.from_env()
+    spark = lakehouse_session(lake)
     spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.crm")
     spark.sql("CREATE TABLE lake.crm.accounts (id bigint NOT NULL, name string) USING iceberg")
-    stream = config.stream("cdc")
+    stream = lake.stream("cdc")
     change = lambda op, key, **row: json.dumps({"table": "accounts", "op": op, "id": key, **row})  # noqa: E731
-    land_events(paths, stream, [change("c", 1, name="a"), change("c", 2, name="b"), change("u", 1, name="a2")])
-    land_events(paths, stream, [json.dumps({"table": "missing", "op": "c", "id": 9})])
-    land_events(paths, stream, [change("d", 2), change("u", 1, name="a3"), change("c", 3, name="c")])
+    land_events(lake.paths, stream, [change("c", 1, name="a"), change("c", 2, name="b"), change("u", 1, name="a2")])
+    land_events(lake.paths, stream, [json.dumps({"table": "missing", "op": "c", "id": 9})])
+    land_events(lake.paths, stream, [change("d", 2), change("u", 1, name="a3"), change("c", 3, name="c")])
 
     with dg.DagsterInstance.get() as instance:
         assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
 
-    assert sorted((row["id"], row["name"]) for row in table_rows(config, paths, "crm.accounts")) == [
+    assert sorted((row["id"], row["name"]) for row in table_rows(lake, "crm.accounts")) == [
         (1, "a3"),
         (3, "c"),
     ]
-    [dead_letter] = table_rows(config, paths, "lakehouse.cdc_dead_letters")
+    [dead_letter] = table_rows(lake, "lakehouse.cdc_dead_letters")
     assert (
         dead_letter["reason"]
         == "table_identifier crm.${/table}: table crm.missing does not exist and auto_create is false"
     )
-    assert load_committed_table(config, paths, "crm.missing") is None
-    assert list_landing_files(landing_dir(paths, stream)) == []  # routed, past landing_retention
+    assert lake.table("crm.missing") is None
+    assert list_landing_files(landing_dir(lake.paths, stream)) == []  # routed, past landing_retention
 
     # After the missing table is created, a replay routes the dead letter there and removes it.
     spark.sql("CREATE TABLE lake.crm.missing (id bigint NOT NULL, name string) USING iceberg")
-    replayed = replay_dead_letters(config, paths, "lakehouse.cdc_dead_letters")
+    replayed = replay_dead_letters(lake, "lakehouse.cdc_dead_letters")
     assert replayed.landed == {"cdc": 1}
     with dg.DagsterInstance.get() as instance:
         assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
-    assert [row["id"] for row in table_rows(config, paths, "crm.missing")] == [9]
-    assert table_rows(config, paths, "lakehouse.cdc_dead_letters") == []
+    assert [row["id"] for row in table_rows(lake, "crm.missing")] == [9]
+    assert table_rows(lake, "lakehouse.cdc_dead_letters") == []
 
 
 def test_a_table_found_after_the_code_location_loaded_is_committed_by_the_router_run(routed, paths, instance):
+    lake = Lakehouse(routed, paths)
     definitions = build_definitions(routed)  # loaded before any event was routed: no committer for shop.orders
     stream = routed.stream("app_events")
     land_events(paths, stream, [json.dumps({"source": {"db": "shop", "table": "orders"}, "order_id": 1})])
-    batch, _ = mint_next_batch(routed, paths, stream, drain=True)
+    batch, _ = mint_next_batch(lake, stream, drain=True)
 
     result = run_job(
         definitions.resolve_job_def("app_events_stage_job"), instance, writer_run_request(batch).run_config
     )
 
     assert result.success
-    assert [row["order_id"] for row in table_rows(routed, paths, "shop.orders")] == [1]
+    assert [row["order_id"] for row in table_rows(lake, "shop.orders")] == [1]
     materialization = instance.get_latest_materialization_event(names.table_key("shop.orders")).asset_materialization
     assert materialization.metadata["rows"].value == 1
 
@@ -225,14 +227,14 @@ def land_tenant_events(paths, first: int, count: int, tables: int) -> list[str]:
     return events
 
 
-def assert_tenant_tables_hold(config, paths, events: list[str]) -> None:
+def assert_tenant_tables_hold(lake, events: list[str]) -> None:
     """DuckDB finds in each tenant's table exactly the ids landed for it, once each (the oracle)."""
     expected: dict[str, list[int]] = {}
     for line in events:
         event = json.loads(line)
         expected.setdefault(f"t.{event['tenant']}", []).append(event["id"])
     for identifier, ids in expected.items():
-        assert [row[0] for row in _duckdb_rows(config, paths, identifier, "id")] == sorted(ids), identifier
+        assert [row[0] for row in _duckdb_rows(lake, identifier, "id")] == sorted(ids), identifier
 
 
 def test_a_database_of_tables_commits_every_event_once_in_runs_independent_of_the_table_count(tenants, paths, instance):
@@ -242,15 +244,15 @@ def test_a_database_of_tables_commits_every_event_once_in_runs_independent_of_th
 
     # The router routes (the tables are new), then one committer run stages and commits all 40.
     assert report.failed == [] and len(report.succeeded) == 2, report.succeeded
-    assert_tenant_tables_hold(load_config(), paths, first_round)
+    assert_tenant_tables_hold(Lakehouse(load_config(), paths), first_round)
 
     second_round = land_tenant_events(paths, 1200, 800, tables=40)
     report = run_pipeline_until_idle(instance, log=lambda _: None)
 
     # Now every table is in the definitions: the router's run routes, stages and commits them all.
     assert report.failed == [] and [label.split()[0] for label in report.succeeded] == ["tenants_stage_job"]
-    config = load_config()
-    assert_tenant_tables_hold(config, paths, first_round + second_round)
+    lake = Lakehouse(load_config(), paths)
+    assert_tenant_tables_hold(lake, first_round + second_round)
     for index in range(40):
         key = names.table_key(f"t.tenant_{index:02d}")
         materialization = instance.get_latest_materialization_event(key).asset_materialization
@@ -284,9 +286,9 @@ def test_a_routed_table_that_cannot_commit_is_reported_on_it_and_the_others_comm
     # The writer run fails naming tenant_01 (and so does the committer run the sensor requests for it).
     assert {label.split()[0] for label in report.failed} <= {"tenants_stage_job", "tenants_routed_commit_job"}
     assert report.failed[0].startswith("tenants_stage_job")
-    config = load_config()
-    assert_tenant_tables_hold(config, paths, [e for e in first_round + second_round if "tenant_01" not in e])
-    assert_tenant_tables_hold(config, paths, [e for e in first_round if "tenant_01" in e])
+    lake = Lakehouse(load_config(), paths)
+    assert_tenant_tables_hold(lake, [e for e in first_round + second_round if "tenant_01" not in e])
+    assert_tenant_tables_hold(lake, [e for e in first_round if "tenant_01" in e])
     gap = instance.get_latest_asset_check_evaluation_record(
         dg.AssetCheckKey(names.table_key("t.tenant_01"), names.SEQUENCE_CHECK)
     )
@@ -316,4 +318,4 @@ def test_the_routed_tables_committer_killed_mid_cycle_commits_every_event_once_o
     restarted = run_pipeline_process()
 
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
-    assert_tenant_tables_hold(load_config(), paths, first_round + second_round)
+    assert_tenant_tables_hold(Lakehouse(load_config(), paths), first_round + second_round)

@@ -20,12 +20,12 @@ from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.iceberg_types import parse_type, type_name
 from lakehouse_assets.inference import infer_type
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import land_events
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.staged_format import REASON_COLUMN
-from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.conftest import write_config
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
@@ -85,7 +85,7 @@ ENCODED = {
 def test_conversion_coerces_every_encoding_the_rfc_accepts(tmp_path_factory, samples):
     home = tmp_path_factory.mktemp("conversion")
     config = parse_config({"streams": [{"name": "s", "table_identifier": "db.s"}]})
-    spark = lakehouse_session(config, LakehousePaths(home, home))
+    spark = lakehouse_session(Lakehouse(config, LakehousePaths(home, home)))
     kinds = {"long": T.LongType(), "double": T.DoubleType(), "boolean": T.BooleanType(), "date": T.DateType()}
     kinds |= {"timestamptz": T.TimestampType(), "binary": T.BinaryType(), "string": T.StringType()}
     schema = T.StructType([T.StructField(kind, data_type) for kind, data_type in kinds.items()])
@@ -135,18 +135,18 @@ NESTED = {
 @pytest.mark.spark
 def test_nested_columns_are_created_converted_recursively_and_checked(paths, tmp_path, monkeypatch, instance):
     write_config(tmp_path, {"streams": [NESTED]}, monkeypatch)
-    config = load_config()
+    lake = Lakehouse(load_config(), paths)
     events = [
         {"id": 1, "address": {"city": "Lyon", "zip": "69001", "geo": {"lat": "45.76", "lon": 4.83}}, "tags": ["a", 1]},
         {"id": 2, "address": {"city": "Oslo", "zip": "n/a", "extra": True}, "scores": {"x": "1.25", "y": "bad"}},
         {"id": 3, "address": "not an object", "visits": [{"day": "2026-11-01", "pages": "3"}, {"day": 20394}]},
         {"address": {"city": "Nowhere"}},
     ]
-    land_events(paths, config.stream("profiles"), [json.dumps(event) for event in events])
+    land_events(paths, lake.stream("profiles"), [json.dumps(event) for event in events])
 
-    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+    assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
 
-    rows = _duckdb_rows(config, paths, "crm.profiles", "id, address, tags, scores, visits")
+    rows = _duckdb_rows(lake, "crm.profiles", "id, address, tags, scores, visits")
     assert rows[0][:3] == (1, {"city": "Lyon", "zip": 69001, "geo": {"lat": 45.76, "lon": 4.83}}, ["a", "1"])
     assert rows[1][1] == {"city": "Oslo", "zip": None, "geo": None}
     assert {key: (float(value) if value is not None else None) for key, value in rows[1][3].items()} == {
@@ -158,7 +158,7 @@ def test_nested_columns_are_created_converted_recursively_and_checked(paths, tmp
         {"day": dt.date(2026, 11, 1), "pages": 3},
         {"day": dt.date(1970, 1, 1) + dt.timedelta(days=20394), "pages": None},
     ]
-    dead = _duckdb_rows(config, paths, "crm.profiles_dead_letters", "reason")
+    dead = _duckdb_rows(lake, "crm.profiles_dead_letters", "reason")
     assert dead == [("missing required field 'id'",)]
     key = names.table_key("crm.profiles")
     record = instance.get_latest_asset_check_evaluation_record(
@@ -179,16 +179,16 @@ INFERRED = {"name": "clicks", "table_identifier": "web.clicks", "auto_create": T
 @pytest.mark.spark
 def test_a_table_without_declared_columns_is_created_from_the_first_batch(paths, tmp_path, monkeypatch, instance):
     write_config(tmp_path, {"streams": [INFERRED]}, monkeypatch)
-    config = load_config()
+    lake = Lakehouse(load_config(), paths)
     events = [
         {"user": 7, "page": "/a", "ok": True, "ms": 12.5, "meta": {"ua": "x", "dpr": 2}, "tags": ["t"], "gone": None},
         {"user": "8", "page": "/b", "ok": "false", "ms": 3, "meta": {}, "tags": [], "later": 1, "empty": {}},
     ]
-    land_events(paths, config.stream("clicks"), [json.dumps(event) for event in events])
+    land_events(paths, lake.stream("clicks"), [json.dumps(event) for event in events])
 
-    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+    assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
 
-    schema = load_committed_table(config, paths, "web.clicks").schema()
+    schema = lake.table("web.clicks").schema()
     inferred = {field.name: _without_ids(field.field_type) for field in schema.fields}
     assert inferred == {
         "user": "long",
@@ -201,7 +201,7 @@ def test_a_table_without_declared_columns_is_created_from_the_first_batch(paths,
         "later": "long",
         "empty": "string",
     }
-    rows = _duckdb_rows(config, paths, "web.clicks", "user, ok, ms, meta, later")
+    rows = _duckdb_rows(lake, "web.clicks", "user, ok, ms, meta, later")
     assert rows == [(7, True, 12.5, {"ua": "x", "dpr": 2}, None), (8, False, 3.0, {"ua": None, "dpr": None}, 1)]
 
 
@@ -247,7 +247,7 @@ EVERY_TYPE = {
 @pytest.mark.spark
 def test_every_type_and_transform_is_created_and_uuid_and_fixed_values_are_checked(tmp_path, monkeypatch, instance):
     write_config(tmp_path, {"streams": [EVERY_TYPE]}, monkeypatch)
-    config, paths = load_config(), LakehousePaths.from_env()
+    lake = Lakehouse.from_env()
     key = "F81D4FAE-7DEC-11D0-A765-00A0C91E6BF6"
     events = [
         {"asset_id": key, "count": "3", "price": "19.99", "bought_on": "2026-01-02", "due_on": 20454,
@@ -257,21 +257,21 @@ def test_every_type_and_transform_is_created_and_uuid_and_fixed_values_are_check
          "owner": {"id": "nope", "tag": "AQIDBA=="}},
         {"asset_id": "not-a-uuid", "label": "bad key"},
     ]  # fmt: skip
-    land_events(paths, config.stream("assets"), [json.dumps(event) for event in events])
+    land_events(lake.paths, lake.stream("assets"), [json.dumps(event) for event in events])
 
-    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+    assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
 
-    table = load_committed_table(config, paths, "inventory.assets")
+    table = lake.table("inventory.assets")
     assert table.properties["write.parquet.compression-codec"] == "zstd"
     assert [str(field.transform) for field in table.spec().fields] == [
         "identity", "year", "month", "day", "hour", "bucket[4]", "truncate[2]"
     ]  # fmt: skip
     columns = "label, asset_id::VARCHAR, count, price, checksum, owner, sizes"
-    rows = {row[0]: row[1:] for row in _duckdb_rows(config, paths, "inventory.assets", columns)}
+    rows = {row[0]: row[1:] for row in _duckdb_rows(lake, "inventory.assets", columns)}
     owner = {"id": UUID(key), "tag": b"\x01\x02"}
     assert rows["pump"] == (key.lower(), 3, Decimal("19.99"), b"\x01\x02\x03\x04", owner, {"a": 2})
     assert rows["valve"][3:5] == (None, {"id": None, "tag": None})  # wrong length, not a uuid: NULL
-    dead = _duckdb_rows(config, paths, "inventory.assets_dead_letters", "reason")
+    dead = _duckdb_rows(lake, "inventory.assets_dead_letters", "reason")
     assert dead == [("required field 'asset_id': not-a-uuid is not a uuid",)]
     check = instance.get_latest_asset_check_evaluation_record(
         dg.AssetCheckKey(names.table_key("inventory.assets"), names.SCHEMA_CHECK)

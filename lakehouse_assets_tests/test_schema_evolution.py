@@ -13,12 +13,12 @@ from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.iceberg_types import iceberg_type_name
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import land_events
 from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.staging import stage_batch
-from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.conftest import write_config
 from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse_process
 
@@ -40,27 +40,25 @@ def evolving(lakehouse_home, tmp_path, monkeypatch):
     return load_config()
 
 
-def _columns(config, paths):
-    return {
-        field.name: iceberg_type_name(field.field_type)
-        for field in load_committed_table(config, paths, "web.events").schema().fields
-    }
+def _columns(lake):
+    return {field.name: iceberg_type_name(field.field_type) for field in lake.table("web.events").schema().fields}
 
 
-def _rows(config, paths, *columns):
-    table = load_committed_table(config, paths, "web.events")
+def _rows(lake, *columns):
+    table = lake.table("web.events")
     return sorted(tuple(row.values()) for row in table.scan(selected_fields=columns).to_arrow().to_pylist())
 
 
 def test_new_fields_become_columns_recorded_in_the_commit_and_checked(evolving, paths, instance):
+    lake = Lakehouse(evolving, paths)
     events = [{"id": 1, "kind": "a"}, {"id": 2, "kind": "b", "score": 1.5, "meta": {"x": 1}}]
     land_events(paths, evolving.stream("events"), [json.dumps(event) for event in events])
 
     assert run_until_idle(build_definitions(evolving), instance, log=lambda _: None).failed == []
 
-    columns = _columns(evolving, paths)
+    columns = _columns(lake)
     assert list(columns) == ["id", "kind", "meta", "score"] and columns["score"] == "double"
-    summary = load_committed_table(evolving, paths, "web.events").current_snapshot().summary.additional_properties
+    summary = lake.table("web.events").current_snapshot().summary.additional_properties
     assert set(json.loads(summary[summary_keys.SCHEMA_CHANGE])) == {"meta", "score"}
     key = names.table_key("web.events")
     materialization = instance.get_latest_materialization_event(key).asset_materialization
@@ -68,33 +66,35 @@ def test_new_fields_become_columns_recorded_in_the_commit_and_checked(evolving, 
     assert materialization.metadata["schema_change_batches"].value == {"meta": 1, "score": 1}
     check = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, names.SCHEMA_CHECK))
     assert check.status.value == "SUCCEEDED"
-    assert _rows(evolving, paths, "id", "score") == [(1, None), (2, 1.5)]
+    assert _rows(lake, "id", "score") == [(1, None), (2, 1.5)]
 
     # A later value that does not fit the column's type is NULL; a new field is added again.
     land_events(paths, evolving.stream("events"), [json.dumps({"id": 3, "score": "high", "tag": "t"})])
     assert run_until_idle(build_definitions(evolving), instance, log=lambda _: None).failed == []
-    assert _rows(evolving, paths, "id", "score", "tag") == [(1, None, None), (2, 1.5, None), (3, None, "t")]
-    summary = load_committed_table(evolving, paths, "web.events").current_snapshot().summary.additional_properties
+    assert _rows(lake, "id", "score", "tag") == [(1, None, None), (2, 1.5, None), (3, None, "t")]
+    summary = lake.table("web.events").current_snapshot().summary.additional_properties
     assert json.loads(summary[summary_keys.SCHEMA_CHANGE]) == {"tag": "string"}
     assert json.loads(summary[summary_keys.SCHEMA_CHANGE_BATCHES]) == {"tag": 2}
 
 
 def test_the_first_committed_type_wins_for_batches_staged_with_different_types(evolving, paths):
-    spark = lakehouse_session(evolving, paths)
+    lake = Lakehouse(evolving, paths)
+    spark = lakehouse_session(lake)
     stream = evolving.stream("events")
     for events in ([{"id": 1, "level": 5}], [{"id": 2, "level": "7"}, {"id": 3, "level": "loud"}]):
         land_events(paths, stream, [json.dumps(event) for event in events])
-        batch, _ = mint_next_batch(evolving, paths, stream, drain=True)
-        stage_batch(spark, evolving, paths, stream, batch.sequence)
+        batch, _ = mint_next_batch(lake, stream, drain=True)
+        stage_batch(spark, lake, stream, batch.sequence)
 
-    commit_table(spark, evolving, paths, "web.events", "test")
+    commit_table(spark, lake, "web.events", "test")
 
-    assert _columns(evolving, paths)["level"] == "long"
-    assert _rows(evolving, paths, "id", "level") == [(1, 5), (2, 7), (3, None)]
+    assert _columns(lake)["level"] == "long"
+    assert _rows(lake, "id", "level") == [(1, 5), (2, 7), (3, None)]
 
 
 def test_struct_fields_from_batches_staged_apart_are_all_added_and_the_first_type_wins(evolving, paths):
-    spark = lakehouse_session(evolving, paths)
+    lake = Lakehouse(evolving, paths)
+    spark = lakehouse_session(lake)
     stream = evolving.stream("events")
     batches = (
         [{"id": 1, "meta": {"x": 1}}],
@@ -103,13 +103,13 @@ def test_struct_fields_from_batches_staged_apart_are_all_added_and_the_first_typ
     )
     for events in batches:  # all staged before any commits: each proposes `meta` with other fields
         land_events(paths, stream, [json.dumps(event) for event in events])
-        batch, _ = mint_next_batch(evolving, paths, stream, drain=True)
-        stage_batch(spark, evolving, paths, stream, batch.sequence)
+        batch, _ = mint_next_batch(lake, stream, drain=True)
+        stage_batch(spark, lake, stream, batch.sequence)
 
-    commit_table(spark, evolving, paths, "web.events", "test")
+    commit_table(spark, lake, "web.events", "test")
 
-    assert _columns(evolving, paths)["meta"] == "struct<x: long, y: long, z: struct<deep: boolean>>"
-    assert _rows(evolving, paths, "id", "meta") == [
+    assert _columns(lake)["meta"] == "struct<x: long, y: long, z: struct<deep: boolean>>"
+    assert _rows(lake, "id", "meta") == [
         (1, {"x": 1, "y": None, "z": None}),
         (2, {"x": 2, "y": 5, "z": None}),
         (3, {"x": None, "y": None, "z": {"deep": True}}),
@@ -117,23 +117,24 @@ def test_struct_fields_from_batches_staged_apart_are_all_added_and_the_first_typ
     ]
     # A later batch's new struct field is added to the existing column and recorded by its path.
     land_events(paths, stream, [json.dumps({"id": 5, "meta": {"x": 6, "w": "new"}})])
-    batch, _ = mint_next_batch(evolving, paths, stream, drain=True)
-    stage_batch(spark, evolving, paths, stream, batch.sequence)
-    commit_table(spark, evolving, paths, "web.events", "test")
-    summary = load_committed_table(evolving, paths, "web.events").current_snapshot().summary.additional_properties
+    batch, _ = mint_next_batch(lake, stream, drain=True)
+    stage_batch(spark, lake, stream, batch.sequence)
+    commit_table(spark, lake, "web.events", "test")
+    summary = lake.table("web.events").current_snapshot().summary.additional_properties
     assert json.loads(summary[summary_keys.SCHEMA_CHANGE]) == {"meta.w": "string"}
 
 
 def test_a_crash_after_the_schema_change_before_the_commit_loses_nothing(evolving, paths):
+    lake = Lakehouse(evolving, paths)
     land_events(paths, evolving.stream("events"), [json.dumps({"id": 1, "kind": "a", "score": 2.5})])
 
     crashed = run_lakehouse_process(["run", "--until-idle"], {faults.CRASH_ENV: faults.COMMITTER_AFTER_SCHEMA_CHANGE})
 
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
-    assert "score" in _columns(evolving, paths)
-    assert load_committed_table(evolving, paths, "web.events").current_snapshot() is None
+    assert "score" in _columns(lake)
+    assert lake.table("web.events").current_snapshot() is None
     restarted = run_lakehouse_process(["run", "--until-idle"])
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
-    assert _rows(evolving, paths, "id", "kind", "score") == [(1, "a", 2.5)]
-    summary = load_committed_table(evolving, paths, "web.events").current_snapshot().summary.additional_properties
+    assert _rows(lake, "id", "kind", "score") == [(1, "a", 2.5)]
+    summary = lake.table("web.events").current_snapshot().summary.additional_properties
     assert json.loads(summary[summary_keys.SCHEMA_CHANGE]) == {"score": "double"}

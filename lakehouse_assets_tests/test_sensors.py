@@ -5,7 +5,6 @@ import time
 
 import dagster as dg
 
-from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.config import FlushSpec
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
@@ -27,20 +26,20 @@ def _tick(config, instance, sensor_name, cursor=None, until_idle=False):
     return sensor.evaluate_tick(context)
 
 
-def test_landing_sensor_waits_and_says_why(config, paths, instance):
-    land_events(paths, config.stream("orders"), [order_event(i) for i in range(10)])
-    tick = _tick(config, instance, names.landing_sensor_name("orders"))
+def test_landing_sensor_waits_and_says_why(lake, instance):
+    land_events(lake.paths, lake.stream("orders"), [order_event(i) for i in range(10)])
+    tick = _tick(lake.config, instance, names.landing_sensor_name("orders"))
     assert tick.run_requests == []
     assert "bytes in 1 files pending (< flush.max_bytes 1000000)" in tick.skip_message
     assert "(< flush.max_age 60s)" in tick.skip_message
-    assert StreamLedger(paths.staging("orders")).batches() == []
+    assert lake.ledger("orders").batches() == []
 
 
-def test_age_trigger_mints_a_batch_with_exact_files(config, paths, instance):
-    landed = land_events(paths, config.stream("orders"), [order_event(i) for i in range(10)])
+def test_age_trigger_mints_a_batch_with_exact_files(lake, instance):
+    landed = land_events(lake.paths, lake.stream("orders"), [order_event(i) for i in range(10)])
     old = time.time() - 120
     os.utime(landed[0], (old, old))
-    tick = _tick(config, instance, names.landing_sensor_name("orders"))
+    tick = _tick(lake.config, instance, names.landing_sensor_name("orders"))
     [request] = tick.run_requests
     assert request.run_key == "orders:1"
     op_config = request.run_config["ops"][names.staged_batches_op("orders")]["config"]
@@ -48,24 +47,24 @@ def test_age_trigger_mints_a_batch_with_exact_files(config, paths, instance):
     assert tick.cursor == "1"
 
 
-def test_bytes_trigger_cuts_batches_of_at_most_max_bytes(config, paths, instance):
-    stream = config.stream("orders")
+def test_bytes_trigger_cuts_batches_of_at_most_max_bytes(lake, instance):
+    stream = lake.stream("orders")
     big_line = order_event(1, note="x" * 400_000)
     for _ in range(3):
-        land_events(paths, stream, [big_line])
-    tick = _tick(config, instance, names.landing_sensor_name("orders"))
+        land_events(lake.paths, stream, [big_line])
+    tick = _tick(lake.config, instance, names.landing_sensor_name("orders"))
     assert [r.run_key for r in tick.run_requests] == ["orders:1"]
-    minted = StreamLedger(paths.staging("orders")).batches()
+    minted = lake.ledger("orders").batches()
     assert [len(r.minted.files) for r in minted] == [2]
 
 
-def test_unstaged_batches_are_requested_again_under_the_same_run_key(config, paths, instance):
-    land_events(paths, config.stream("orders"), [order_event(1)])
-    first = _tick(config, instance, names.landing_sensor_name("orders"), until_idle=True)
-    again = _tick(config, instance, names.landing_sensor_name("orders"), cursor=None)
+def test_unstaged_batches_are_requested_again_under_the_same_run_key(lake, instance):
+    land_events(lake.paths, lake.stream("orders"), [order_event(1)])
+    first = _tick(lake.config, instance, names.landing_sensor_name("orders"), until_idle=True)
+    again = _tick(lake.config, instance, names.landing_sensor_name("orders"), cursor=None)
     assert [r.run_key for r in first.run_requests] == ["orders:1"]
     assert [r.run_key for r in again.run_requests] == ["orders:1"]
-    assert len(StreamLedger(paths.staging("orders")).batches()) == 1
+    assert len(lake.ledger("orders").batches()) == 1
 
 
 def test_commit_sensor_skips_without_staged_batches(config, instance):
@@ -73,20 +72,20 @@ def test_commit_sensor_skips_without_staged_batches(config, instance):
     assert tick.skip_message == "no staged batches are ready to commit"
 
 
-def test_no_new_batch_is_cut_while_one_waits_for_its_writer(config, paths, instance):
-    stream = config.stream("orders")
+def test_no_new_batch_is_cut_while_one_waits_for_its_writer(lake, instance):
+    stream = lake.stream("orders")
     old = time.time() - 120
-    first = land_events(paths, stream, [order_event(1)])
+    first = land_events(lake.paths, stream, [order_event(1)])
     os.utime(first[0], (old, old))
-    [request] = _tick(config, instance, names.landing_sensor_name("orders")).run_requests
+    [request] = _tick(lake.config, instance, names.landing_sensor_name("orders")).run_requests
 
-    second = land_events(paths, stream, [order_event(2)])
+    second = land_events(lake.paths, stream, [order_event(2)])
     os.utime(second[0], (old, old))
-    again = _tick(config, instance, names.landing_sensor_name("orders"), cursor="1")
+    again = _tick(lake.config, instance, names.landing_sensor_name("orders"), cursor="1")
 
     # Batch 1 is asked for again under its run key; the aged file waits for the next batch.
     assert [r.run_key for r in again.run_requests] == [request.run_key] == ["orders:1"]
-    assert [r.minted.files for r in StreamLedger(paths.staging("orders")).batches()] == [[first[0].name]]
+    assert [r.minted.files for r in lake.ledger("orders").batches()] == [[first[0].name]]
 
 
 def test_the_landing_sensor_ticks_at_a_third_of_max_age_within_bounds(config):

@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse_assets.config import load_config
 from lakehouse_assets.duck import iceberg_connection, scan
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import land_events
-from lakehouse_assets.paths import STORAGE_ROOT_ENV, LakehousePaths
+from lakehouse_assets.paths import STORAGE_ROOT_ENV
 from lakehouse_assets.recovery import lakehouse_commits
 from lakehouse_assets.spark import DRIVER_MEMORY_ENV, ICEBERG_RUNTIME_JAR, MASTER_ENV
 from lakehouse_assets.spark_host import call_on_host, host_pid
-from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
 from lakehouse_assets_tests.spark_cluster import cluster_environment, session_master, standalone_cluster
 
@@ -47,8 +46,8 @@ def _run_until_idle(env: dict[str, str]) -> subprocess.CompletedProcess:
     return completed
 
 
-def _stop_host(config, paths) -> None:
-    pid = host_pid(config, paths)
+def _stop_host(lake) -> None:
+    pid = host_pid(lake)
     if pid is None:
         return
     os.kill(pid, signal.SIGTERM)
@@ -87,8 +86,8 @@ def test_append_pipeline_runs_on_a_standalone_cluster_and_lands_every_event_once
     # The storage root (warehouse, landing, staging) apart from the home (state, Dagster), on the
     # local disk that the driver and the executor share.
     monkeypatch.setenv(STORAGE_ROOT_ENV, str(tmp_path / "storage"))
-    config, paths = load_config(), LakehousePaths.from_env()
-    stream = config.stream("orders")
+    lake = Lakehouse.from_env()
+    stream = lake.stream("orders")
     expected: list[int] = []
     with standalone_cluster(tmp_path / "cluster") as cluster:
         env = {
@@ -99,7 +98,7 @@ def test_append_pipeline_runs_on_a_standalone_cluster_and_lands_every_event_once
         # Two drivers, one after the other: each cuts the two files it finds into one batch.
         for files in ((range(1, 126), range(126, 251)), (range(251, 326), range(326, 401))):
             for order_ids in files:
-                land_events(paths, stream, [order_event(i) for i in order_ids])
+                land_events(lake.paths, stream, [order_event(i) for i in order_ids])
                 expected.extend(order_ids)
             _run_until_idle(env)
 
@@ -108,9 +107,9 @@ def test_append_pipeline_runs_on_a_standalone_cluster_and_lands_every_event_once
             monkeypatch.setenv(name, value)
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
         try:
-            assert call_on_host(config, paths, session_master) == cluster.master_url
+            assert call_on_host(lake, session_master) == cluster.master_url
         finally:
-            _stop_host(config, paths)
+            _stop_host(lake)
 
         assert _completed_app_names(cluster) == ["lakehouse_assets"] * 3, cluster.state()
         app_dirs = cluster.application_dirs()
@@ -121,8 +120,8 @@ def test_append_pipeline_runs_on_a_standalone_cluster_and_lands_every_event_once
             executor_log = "\n".join(path.read_text(errors="replace") for path in app_dir.glob("*/stderr"))
             assert "Finished task" in executor_log, f"no task ran on the executor of {app_dir}"
 
-    table = load_committed_table(config, paths, "sales.orders")
-    location = current_metadata_location(config, paths, "sales.orders")
+    table = lake.table("sales.orders")
+    location = lake.metadata_location("sales.orders")
     relation = scan(location, table.current_snapshot().snapshot_id)
     rows = iceberg_connection().sql(f"SELECT order_id, count(*) FROM {relation} GROUP BY 1 ORDER BY 1").fetchall()
     assert [order_id for order_id, _ in rows] == expected

@@ -18,7 +18,6 @@ from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.recovery import lakehouse_commits
 from lakehouse_assets.spark_host import SparkHostError, call_on_host, host_pid
 from lakehouse_assets.staging import stage_batch
-from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.conftest import order_event
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
@@ -26,10 +25,10 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.fixture
-def stops_hosts(config, paths):
+def stops_hosts(lake):
     """Stops the home's Spark host after the test, as its idle timeout would later."""
     yield
-    pid = host_pid(config, paths)
+    pid = host_pid(lake)
     if pid:
         os.kill(pid, signal.SIGTERM)
 
@@ -48,20 +47,20 @@ def _writer_run(config, instance, stream="orders"):
     )
 
 
-def test_writer_runs_stage_and_commit_on_one_warm_host(config, paths, instance, stops_hosts):
-    stream = config.stream("orders")
-    land_events(paths, stream, [order_event(i) for i in range(1, 101)])
+def test_writer_runs_stage_and_commit_on_one_warm_host(lake, instance, stops_hosts):
+    stream = lake.stream("orders")
+    land_events(lake.paths, stream, [order_event(i) for i in range(1, 101)])
 
-    first = _writer_run(config, instance)
-    host = host_pid(config, paths)
-    land_events(paths, stream, [order_event(i) for i in range(101, 151)])
-    second = _writer_run(config, instance)
+    first = _writer_run(lake.config, instance)
+    host = host_pid(lake)
+    land_events(lake.paths, stream, [order_event(i) for i in range(101, 151)])
+    second = _writer_run(lake.config, instance)
 
     assert first.success and second.success
     assert host is not None and host != os.getpid()
-    assert host_pid(config, paths) == host, "the second run must reuse the first run's host"
-    assert [row[0] for row in _duckdb_rows(config, paths, "sales.orders", "order_id")] == list(range(1, 151))
-    commits = lakehouse_commits(load_committed_table(config, paths, "sales.orders"))
+    assert host_pid(lake) == host, "the second run must reuse the first run's host"
+    assert [row[0] for row in _duckdb_rows(lake, "sales.orders", "order_id")] == list(range(1, 151))
+    commits = lakehouse_commits(lake.table("sales.orders"))
     assert [(c.first_sequence, c.last_sequence, c.rows) for c in commits] == [(1, 1, 100), (2, 2, 50)]
     table_key = names.table_key("sales.orders")
     assert instance.get_latest_materialization_event(table_key).asset_materialization.metadata["rows"].value == 50
@@ -70,26 +69,26 @@ def test_writer_runs_stage_and_commit_on_one_warm_host(config, paths, instance, 
         assert record.status.value == "SUCCEEDED", check_name
 
 
-def test_an_error_on_the_host_reaches_the_caller_as_itself(config, paths, stops_hosts):
+def test_an_error_on_the_host_reaches_the_caller_as_itself(lake, stops_hosts):
     with pytest.raises(LakehouseError, match="batch 7 was never minted"):
-        call_on_host(config, paths, stage_batch, config, paths, config.stream("orders"), 7)
+        call_on_host(lake, stage_batch, lake.stream("orders"), 7)
 
 
-def test_a_host_killed_after_a_commit_leaves_the_batch_committed_once(config, paths, monkeypatch, stops_hosts):
-    stream = config.stream("orders")
-    land_events(paths, stream, [order_event(i) for i in range(1, 41)])
-    batch, _ = mint_next_batch(config, paths, stream, drain=True)
-    call_on_host(config, paths, stage_batch, config, paths, stream, batch.sequence)
-    os.kill(host_pid(config, paths), signal.SIGKILL)
+def test_a_host_killed_after_a_commit_leaves_the_batch_committed_once(lake, monkeypatch, stops_hosts):
+    stream = lake.stream("orders")
+    land_events(lake.paths, stream, [order_event(i) for i in range(1, 41)])
+    batch, _ = mint_next_batch(lake, stream, drain=True)
+    call_on_host(lake, stage_batch, stream, batch.sequence)
+    os.kill(host_pid(lake), signal.SIGKILL)
 
     # A host started with a fault point dies right after the commit, before its bookkeeping.
     monkeypatch.setenv(faults.CRASH_ENV, faults.COMMITTER_AFTER_COMMIT)
     with pytest.raises(SparkHostError, match="died during commit_table"):
-        call_on_host(config, paths, commit_table, config, paths, "sales.orders", "run-killed")
+        call_on_host(lake, commit_table, "sales.orders", "run-killed")
     monkeypatch.delenv(faults.CRASH_ENV)
-    outcome = call_on_host(config, paths, commit_table, config, paths, "sales.orders", "run-after")
+    outcome = call_on_host(lake, commit_table, "sales.orders", "run-after")
 
     assert outcome.results == [] and [p.recovered for p in outcome.plans] == [[1]]
-    assert [row[0] for row in _duckdb_rows(config, paths, "sales.orders", "order_id")] == list(range(1, 41))
-    commits = lakehouse_commits(load_committed_table(config, paths, "sales.orders"))
+    assert [row[0] for row in _duckdb_rows(lake, "sales.orders", "order_id")] == list(range(1, 41))
+    commits = lakehouse_commits(lake.table("sales.orders"))
     assert [(c.first_sequence, c.last_sequence, c.run) for c in commits] == [(1, 1, "run-killed")]

@@ -7,9 +7,8 @@ from datetime import date, timedelta
 import dagster as dg
 from pyiceberg.table import Table
 
-from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.branches import AuditState
-from lakehouse_assets.committer import CommitPass, CommitResult, commit_table, seconds_until_commit_due
+from lakehouse_assets.committer import CommitOutcome, CommitResult, commit_table, seconds_until_commit_due
 from lakehouse_assets.completeness import complete_days, table_watermark
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.dead_letters import dead_letter_identifier
@@ -22,7 +21,6 @@ from lakehouse_assets.lag import stream_lag_seconds
 from lakehouse_assets.recovery import AUDIT_BRANCH, table_history
 from lakehouse_assets.routing import route_batches
 from lakehouse_assets.staging import minted_record, stage_batch
-from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets.table_stats import table_stats
 
 NEW_TABLES_NAMED = 10
@@ -53,13 +51,11 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
         spark: SparkResource,
     ) -> dg.MaterializeResult:
         started = time.monotonic()
-        settings = lakehouse.config()
+        lake = lakehouse.lake()
         outcome = spark.run(
-            lakehouse,
+            lake,
             stage_batch,
-            settings,
-            lakehouse.paths(),
-            settings.stream(stream.name),
+            lake.stream(stream.name),
             config.sequence,
             expected_files=config.files,
             run_id=context.run.run_id,
@@ -104,10 +100,10 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
         lakehouse: LakehouseResource,
         spark: SparkResource,
     ) -> dg.MaterializeResult:
-        settings, paths = lakehouse.config(), lakehouse.paths()
-        router = settings.stream(stream.name)
-        minted_record(StreamLedger(paths.staging(stream.name)), router, config.sequence, config.files)
-        routed = spark.run(lakehouse, route_batches, settings, paths, router, config.sequence, context.run.run_id)
+        lake = lakehouse.lake()
+        router = lake.stream(stream.name)
+        minted_record(lake.ledger(stream.name), router, config.sequence, config.files)
+        routed = spark.run(lake, route_batches, router, config.sequence, context.run.run_id)
         events: dict[str, int] = {}
         for batch in routed:
             context.log.info(f"batch {batch.sequence}: routed {batch.routes}, {batch.rejected} to the dead letters")
@@ -123,10 +119,7 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
                 "to give them their asset, checks and maintenance"
             )
             # The configuration read again: routing gave each new table its derived stream.
-            routed_settings = lakehouse.config()
-            committed = spark.run(
-                lakehouse, commit_new_routes, routed_settings, paths, router, new_tables, context.run.run_id
-            )
+            committed = spark.run(lakehouse.lake(), commit_new_routes, router, new_tables, context.run.run_id)
             for result in committed.results:
                 context.log_event(
                     dg.AssetMaterialization(names.table_key(result.table), metadata=commit_metadata(result))
@@ -180,7 +173,7 @@ def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:
     } | ({"source_snapshot": result.source_snapshot} if result.source_snapshot else {})
 
 
-def _run_ranges(outcome: CommitPass) -> dict[str, dg.JsonMetadataValue]:
+def _run_ranges(outcome: CommitOutcome) -> dict[str, dg.JsonMetadataValue]:
     """Per stream, the first and last batch this run committed (what the run-level checks read)."""
     ranges: dict[str, list[int]] = {}
     for result in outcome.results:
@@ -245,11 +238,11 @@ def _awaiting_publish(
         )
         return
     context.log.info(f"{table_identifier}: audited snapshot {state.audit} is not published yet; checking it again")
-    config, paths = lakehouse.config(), lakehouse.paths()
+    lake = lakehouse.lake()
     yield dg.MaterializeResult(
         metadata={
             "snapshot_id": str(state.audit),
-            "metadata_location": current_metadata_location(config, paths, table_identifier),
+            "metadata_location": lake.metadata_location(table_identifier),
             "branch": AUDIT_BRANCH,
             "reported_again": True,
             names.RUN_RANGES_METADATA: dg.JsonMetadataValue(ranges),
@@ -263,12 +256,10 @@ def commit_ready_batches(
     spark: SparkResource,
     table_identifier: str,
     streams: list[StreamSpec],
-) -> CommitPass:
+) -> CommitOutcome:
     """Commit the table's ready staged batches in Spark, log what each stream waits on, and report
     the days the commit completed. Raises SequenceGapError when a batch is missing."""
-    outcome = spark.run(
-        lakehouse, commit_table, lakehouse.config(), lakehouse.paths(), table_identifier, context.run.run_id
-    )
+    outcome = spark.run(lakehouse.lake(), commit_table, table_identifier, context.run.run_id)
     log_commit_pass(context, lakehouse, table_identifier, streams, outcome)
     return outcome
 
@@ -278,7 +269,7 @@ def log_commit_pass(
     lakehouse: LakehouseResource,
     table_identifier: str,
     streams: list[StreamSpec],
-    outcome: CommitPass,
+    outcome: CommitOutcome,
 ) -> None:
     """Log what each stream of a committer pass waits on, and report the days the pass completed."""
     for plan in outcome.plans:
@@ -291,9 +282,9 @@ def log_commit_pass(
             context.log.info(f"{table_identifier}: stream {plan.stream}: {plan.waiting_on}")
     if outcome.fenced:
         context.log.warning(outcome.fenced)
-    config = lakehouse.config()
-    table = load_committed_table(config, lakehouse.paths(), table_identifier)
-    _signal_complete_days(context, table_identifier, [config.stream(s.name) for s in streams], table)
+    lake = lakehouse.lake()
+    table = lake.table(table_identifier)
+    _signal_complete_days(context, table_identifier, [lake.stream(s.name) for s in streams], table)
 
 
 def commits_metadata(
@@ -301,18 +292,18 @@ def commits_metadata(
     lakehouse: LakehouseResource,
     table_identifier: str,
     streams: list[StreamSpec],
-    outcome: CommitPass,
+    outcome: CommitOutcome,
 ) -> dict:
     """Log every commit of the pass but the last as a materialization of the table; the last one's
     metadata, with the table's figures after it and each stream's backlog."""
-    config, paths = lakehouse.config(), lakehouse.paths()
-    table = load_committed_table(config, paths, table_identifier)
+    lake = lakehouse.lake()
+    table = lake.table(table_identifier)
     after = table_stats(table) | {
-        f"lag_seconds.{stream.name}": round(stream_lag_seconds(paths, stream, table), 3) for stream in streams
+        f"lag_seconds.{stream.name}": round(stream_lag_seconds(lake.paths, stream, table), 3) for stream in streams
     }
     for result in outcome.results[:-1]:
         context.log_event(dg.AssetMaterialization(names.table_key(table_identifier), metadata=commit_metadata(result)))
-    if config.audits(table_identifier):
+    if lake.config.audits(table_identifier):
         after["branch"] = AUDIT_BRANCH
     return commit_metadata(outcome.results[-1]) | after | _run_ranges(outcome)
 
@@ -328,8 +319,7 @@ def commit_due_in(lakehouse: LakehouseResource, table_identifier: str, streams: 
     """Seconds until ``commit_interval`` lets a writer run commit to the table (0: now)."""
     if lakehouse.until_idle:
         return 0.0
-    table = load_committed_table(lakehouse.config(), lakehouse.paths(), table_identifier)
-    return seconds_until_commit_due(table, streams)
+    return seconds_until_commit_due(lakehouse.lake().table(table_identifier), streams)
 
 
 def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDefinition:

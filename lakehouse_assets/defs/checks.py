@@ -18,7 +18,6 @@ from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.duck import iceberg_connection
 from lakehouse_assets.lag import stream_lag_seconds
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
-from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets.tables import identifier_columns
 
 
@@ -62,7 +61,7 @@ def materialized_target(instance: dg.DagsterInstance, table_identifier: str) -> 
 
 def current_target(lakehouse: LakehouseResource, table_identifier: str) -> CheckTarget:
     """The table's current snapshot (what ``lakehouse check`` and the freshness jobs read)."""
-    return CheckTarget(checks.current_snapshot(lakehouse.config(), lakehouse.paths(), table_identifier), {})
+    return CheckTarget(checks.current_snapshot(lakehouse.lake(), table_identifier), {})
 
 
 def checked_target(instance: dg.DagsterInstance, lakehouse: LakehouseResource, table_identifier: str) -> CheckTarget:
@@ -165,10 +164,10 @@ def freshness_check(table_identifier: str, streams: list[StreamSpec]) -> TableCh
     """Fails when a stream's oldest uncommitted event is older than its ``max_lag``."""
 
     def lag_within_bound(lakehouse: LakehouseResource, target: CheckTarget) -> dg.AssetCheckResult:
-        config, paths = lakehouse.config(), lakehouse.paths()
-        table = load_committed_table(config, paths, table_identifier)
-        current = [config.stream(stream.name) for stream in streams]
-        lags = {stream.name: stream_lag_seconds(paths, stream, table) for stream in current}
+        lake = lakehouse.lake()
+        table = lake.table(table_identifier)
+        current = [lake.stream(stream.name) for stream in streams]
+        lags = {stream.name: stream_lag_seconds(lake.paths, stream, table) for stream in current}
         behind = [
             f"stream {stream.name}: oldest uncommitted event waited {lags[stream.name]:.0f}s > max_lag "
             f"{stream.max_lag:g}s"
@@ -198,19 +197,19 @@ def dead_letters_check(table_identifier: str) -> TableCheck:
 
     def no_new_dead_letters(lakehouse: LakehouseResource, target: CheckTarget) -> dg.AssetCheckResult:
         target.require_snapshot(table_identifier)
-        config, paths = lakehouse.config(), lakehouse.paths()
+        lake = lakehouse.lake()
         identifier = dead_letter_identifier(table_identifier)
         connection = iceberg_connection()
-        if config.audits(table_identifier):
+        if lake.config.audits(table_identifier):
             outcomes = [
                 checks.check_staged_rejects(
-                    connection, stream, first, last, _staged_parquet(paths.staging(stream), first, last)
+                    connection, stream, first, last, _staged_parquet(lake.paths.staging(stream), first, last)
                 )
                 for stream, (first, last) in sorted(target.ranges.items())
             ]
         else:
-            table = load_committed_table(config, paths, identifier)
-            location = current_metadata_location(config, paths, identifier)
+            table = lake.table(identifier)
+            location = lake.metadata_location(identifier)
             snapshot = checks.CommittedSnapshot(location, table.current_snapshot().snapshot_id) if table else None
             outcomes = [
                 checks.check_no_new_dead_letters(connection, snapshot, stream, first, last)
@@ -249,7 +248,7 @@ def _staged_parquet(staging: Path, first: int, last: int) -> list[str]:
 
 def _last_published_changes(lakehouse: LakehouseResource, stream: StreamSpec) -> list[checks.CommittedChanges]:
     """Change batches the last committer run published; their staged Parquet is kept until the next run."""
-    ledger = StreamLedger(lakehouse.paths().staging(stream.name))
+    ledger = lakehouse.lake().ledger(stream.name)
     return [
         checks.CommittedChanges(record.sequence, record.committed.snapshot_id, str(record.events_path()))
         for record in ledger.batches()
@@ -262,18 +261,18 @@ def change_checks(table_identifier: str, streams: list[StreamSpec]) -> list[Tabl
 
     def identifier_keys_unique(lakehouse: LakehouseResource, target: CheckTarget) -> dg.AssetCheckResult:
         snapshot = target.require_snapshot(table_identifier)
-        keys = identifier_columns(lakehouse.config(), lakehouse.paths(), streams[0])
+        keys = identifier_columns(lakehouse.lake(), streams[0])
         return _result(checks.check_keys_unique(iceberg_connection(), snapshot, keys), snapshot)
 
     def changes_applied(lakehouse: LakehouseResource, target: CheckTarget) -> dg.AssetCheckResult:
         snapshot = target.require_snapshot(table_identifier)
-        config, paths = lakehouse.config(), lakehouse.paths()
+        lake = lakehouse.lake()
         outcomes = []
         # The table lock keeps a concurrent committer pass from removing the staged Parquet being read.
-        with exclusive_lock(table_lock_file(paths.locks, table_identifier)):
+        with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
             for stream in streams:
-                stream = config.stream(stream.name)
-                keys = identifier_columns(config, paths, stream)
+                stream = lake.stream(stream.name)
+                keys = identifier_columns(lake, stream)
                 columns = [column.name for column in checks.snapshot_columns(snapshot)]
                 batches = _last_published_changes(lakehouse, stream)
                 outcomes.append(

@@ -23,15 +23,15 @@ def source_assets(stream: StreamSpec) -> list[dg.AssetsDefinition]:
     def source_changes(
         context: dg.AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkResource
     ) -> dg.MaterializeResult:
-        config, paths = lakehouse.config(), lakehouse.paths()
-        current = config.stream(stream.name)
-        emitted = spark.run(lakehouse, emit_source_changes, config, paths, current)
+        lake = lakehouse.lake()
+        current = lake.stream(stream.name)
+        emitted = spark.run(lake, emit_source_changes, current)
         events: dict[str, int] = {}
         for snapshot in emitted:
             context.log.info(f"source snapshot {snapshot.snapshot_id}: {snapshot.kind}, events {snapshot.events}")
             for operation, count in snapshot.events.items():
                 events[operation] = events.get(operation, 0) + count
-        cursor = read_cursor(paths, current)
+        cursor = read_cursor(lake.paths, current)
         return dg.MaterializeResult(
             metadata={
                 "source_table": source.table,
@@ -51,14 +51,14 @@ def source_assets(stream: StreamSpec) -> list[dg.AssetsDefinition]:
         description=f"OpenSearch/Elasticsearch bulk NDJSON of the changes of {source.table} (`_id` = document_id).",
     )
     def search_export(lakehouse: LakehouseResource) -> dg.MaterializeResult:
-        paths = lakehouse.paths()
-        export = export_bulk_files(paths, lakehouse.config().stream(stream.name))
+        lake = lakehouse.lake()
+        export = export_bulk_files(lake.paths, lake.stream(stream.name))
         return dg.MaterializeResult(
             metadata={
                 "files_written": len(export.files),
                 "index_actions": export.index_actions,
                 "delete_actions": export.delete_actions,
-                "directory": str(paths.exports(stream.name)),
+                "directory": str(lake.paths.exports(stream.name)),
             }
         )
 
@@ -86,13 +86,13 @@ def source_sensor(stream: StreamSpec) -> dg.SensorDefinition:
         description=f"Polls {stream.iceberg_source.table} every polling_interval for new snapshots.",
     )
     def _sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource) -> dg.RunRequest | dg.SkipReason:
-        config, paths = lakehouse.config(), lakehouse.paths()
-        current = config.stream(stream.name)
-        table = load_source_table(config, paths, current)
+        lake = lakehouse.lake()
+        current = lake.stream(stream.name)
+        table = load_source_table(lake, current)
         snapshot = table.current_snapshot() if table else None
         if snapshot is None:
             return dg.SkipReason(f"source {current.iceberg_source.table} has no snapshot yet")
-        cursor = read_cursor(paths, current)
+        cursor = read_cursor(lake.paths, current)
         if cursor is not None and cursor.snapshot_id == snapshot.snapshot_id:
             return dg.SkipReason(f"source snapshot {snapshot.snapshot_id} is processed")
         return dg.RunRequest(

@@ -7,7 +7,6 @@ from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.maintenance import MaintenanceStep, maintain_table
-from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets.table_stats import table_stats
 
 
@@ -23,14 +22,14 @@ def _maintain(
     context: dg.OpExecutionContext, lakehouse: LakehouseResource, spark: SparkResource, table_identifier: str
 ) -> None:
     """Maintain one table and its dead-letter table; observe the table's figures after."""
-    config, paths = lakehouse.config(), lakehouse.paths()
-    steps = spark.run(lakehouse, maintain_table, config, paths, table_identifier)
+    lake = lakehouse.lake()
+    steps = spark.run(lake, maintain_table, table_identifier)
     metadata: dict[str, int | float] = {}
     for step in steps:
         context.log.info(f"{step.table}: {step.action} in {step.seconds:.1f}s: {step.counts}")
         if step.table == table_identifier:
             metadata.update(_numeric_counts(step))
-    metadata.update(table_stats(load_committed_table(config, paths, table_identifier)))
+    metadata.update(table_stats(lake.table(table_identifier)))
     context.log_event(dg.AssetObservation(asset_key=names.table_key(table_identifier), metadata=metadata))
 
 

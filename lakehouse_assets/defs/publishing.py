@@ -49,13 +49,7 @@ def published_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.Asse
             )
         try:
             result = spark.run(
-                lakehouse,
-                publish_table,
-                lakehouse.config(),
-                lakehouse.paths(),
-                table_identifier,
-                snapshot.snapshot_id,
-                context.run.run_id,
+                lakehouse.lake(), publish_table, table_identifier, snapshot.snapshot_id, context.run.run_id
             )
         except PublishRefusedError as refused:
             raise dg.Failure(description=str(refused)) from None
@@ -101,8 +95,8 @@ def discard_job(table_identifier: str) -> dg.JobDefinition:
         description=f"Point the audit branch of {table_identifier} back at main and stage its batches again.",
     )
     def discard(context: dg.OpExecutionContext, lakehouse: LakehouseResource, spark: SparkResource) -> None:
-        config, paths = lakehouse.config(), lakehouse.paths()
-        result = spark.run(lakehouse, discard_audited, config, paths, table_identifier)
+        lake = lakehouse.lake()
+        result = spark.run(lake, discard_audited, table_identifier)
         if result is None:
             context.log.info(f"{table_identifier}: the audit branch holds nothing unpublished; nothing to discard")
             return

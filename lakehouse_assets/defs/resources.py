@@ -6,10 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
-from pyspark.sql import SparkSession
 
-from lakehouse_assets.config import LakehouseConfig, load_config
-from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets.spark_host import call_on_host
 
@@ -28,11 +26,11 @@ class LakehouseResource(dg.ConfigurableResource):
     snapshot (under ``publish: audit`` the audit branch's while it holds unpublished commits)
     instead of the one its last materialization recorded."""
 
-    def paths(self) -> LakehousePaths:
-        return LakehousePaths.from_env()
-
-    def config(self) -> LakehouseConfig:
-        return load_config()
+    def lake(self) -> Lakehouse:
+        """The lakehouse as it is configured now. Not kept for the run: routing adds a derived
+        stream per new table while a run goes on, and ``load_config`` parses each configuration
+        text once, so this costs a file read and a listing of ``routes/``."""
+        return Lakehouse.from_env()
 
 
 class SparkResource(dg.ConfigurableResource):
@@ -44,14 +42,9 @@ class SparkResource(dg.ConfigurableResource):
     ``lakehouse`` executes in its own process (``run --until-idle``, ``maintain``, ``audit``) set
     it to false and keep one JVM in that process."""
 
-    def session(self, lakehouse: LakehouseResource) -> SparkSession:
-        """A Spark session in this process."""
-        return lakehouse_session(lakehouse.config(), lakehouse.paths())
-
-    def run(self, lakehouse: LakehouseResource, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``function(spark, *args, **kwargs)``, an engine call: on the Spark host when
+    def run(self, lake: Lakehouse, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``function(spark, lake, *args, **kwargs)``, an engine call: on the Spark host when
         ``spark_host.enabled`` and ``use_host``, else on a session of this process."""
-        config = lakehouse.config()
-        if config.spark_host.enabled and self.use_host:
-            return call_on_host(config, lakehouse.paths(), function, *args, **kwargs)
-        return function(self.session(lakehouse), *args, **kwargs)
+        if lake.config.spark_host.enabled and self.use_host:
+            return call_on_host(lake, function, *args, **kwargs)
+        return function(lakehouse_session(lake), lake, *args, **kwargs)

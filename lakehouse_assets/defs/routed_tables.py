@@ -15,7 +15,7 @@ from functools import partial
 import dagster as dg
 
 from lakehouse_assets import checks
-from lakehouse_assets.committer import CommitPass, commit_table, seconds_until_commit_due
+from lakehouse_assets.committer import CommitOutcome, commit_table, seconds_until_commit_due
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import commit_due_in, commits_metadata, log_commit_pass, sequence_gap_evaluation
@@ -25,7 +25,6 @@ from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import run_in_progress, writer_retry_backoff
 from lakehouse_assets.errors import SequenceGapError, describe_error
 from lakehouse_assets.fan_in import commit_concurrently, stage_routed_tables, tables_with_pending_routes
-from lakehouse_assets.table_metadata import load_committed_table
 
 
 class RoutedTablesConfig(dg.Config):
@@ -122,14 +121,12 @@ def _stage_commit_and_check(
     """Stage and commit the selected tables that have work, each on its own, and log each commit's
     checks; appends to ``failed`` the tables whose staging or commit failed or whose blocking check
     did not pass."""
-    paths = lakehouse.paths()
-    pending = tables_with_pending_routes(paths, router, selected)
+    lake = lakehouse.lake()
+    pending = tables_with_pending_routes(lake.paths, router, selected)
     if not pending:
         context.log.info(f"none of the {len(selected)} selected tables has routes to commit")
         return
-    not_staged = spark.run(
-        lakehouse, stage_routed_tables, lakehouse.config(), paths, router, pending, context.run.run_id
-    )
+    not_staged = spark.run(lake, stage_routed_tables, router, pending, context.run.run_id)
     for table, error in not_staged.items():
         context.log.error(f"{table}: staging failed: {error}")
         failed.append(f"{table}: {error}")
@@ -146,7 +143,7 @@ def _stage_commit_and_check(
             f"commit_interval: {len(waits) - len(due)} tables are not due yet (the first in "
             f"{min(wait for wait in waits.values() if wait > 0):.1f}s); the committer run commits them then"
         )
-    commit = partial(spark.run, lakehouse, commit_table, lakehouse.config(), paths, run_id=context.run.run_id)
+    commit = partial(spark.run, lake, commit_table, run_id=context.run.run_id)
     # Each table is reported as soon as its commit is done, while the next ones commit.
     for table, outcome in commit_concurrently(commit, due):
         try:
@@ -162,7 +159,7 @@ def _report_commit(
     table: str,
     streams: list[StreamSpec],
     table_checks: list[TableCheck],
-    outcome: CommitPass | Exception,
+    outcome: CommitOutcome | Exception,
     failed: list[str],
 ) -> Iterator[dg.MaterializeResult]:
     """Report one table's committer pass: its commits as materializations and its checks on the
@@ -285,8 +282,8 @@ def routed_tables_sensor(router: StreamSpec, tables: dict[str, list[StreamSpec]]
         description=f"Launches the committer of the tables stream {router.name} routes to when they have routes.",
     )
     def _sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource) -> dg.RunRequest | dg.SkipReason:
-        config, paths = lakehouse.config(), lakehouse.paths()
-        pending = tables_with_pending_routes(paths, router, list(tables))
+        lake = lakehouse.lake()
+        pending = tables_with_pending_routes(lake.paths, router, list(tables))
         if not pending:
             return dg.SkipReason("no routed table has routes to commit")
         if not lakehouse.until_idle:
@@ -297,10 +294,7 @@ def routed_tables_sensor(router: StreamSpec, tables: dict[str, list[StreamSpec]]
             waiting = _failure_backoff(context.instance, names.routed_commit_job_name(router.name))
             if waiting:
                 return dg.SkipReason(waiting)
-            waits = {
-                table: seconds_until_commit_due(load_committed_table(config, paths, table), tables[table])
-                for table in pending
-            }
+            waits = {table: seconds_until_commit_due(lake.table(table), tables[table]) for table in pending}
             pending = [table for table, wait in waits.items() if wait <= 0]
             if not pending:
                 return dg.SkipReason(f"commit_interval: {min(waits.values()):.1f}s until the next commit is due")

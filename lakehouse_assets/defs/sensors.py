@@ -4,7 +4,7 @@ import time
 
 import dagster as dg
 
-from lakehouse_assets.batch_ledger import MintedBatch, StreamLedger
+from lakehouse_assets.batch_ledger import MintedBatch
 from lakehouse_assets.branches import audit_state
 from lakehouse_assets.committer import plan_commit, seconds_until_commit_due
 from lakehouse_assets.config import StreamSpec
@@ -14,7 +14,6 @@ from lakehouse_assets.defs.check_status import failed_checks
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.recovery import committed_state
-from lakehouse_assets.table_metadata import load_committed_table
 
 MAX_BATCHES_PER_TICK = 16
 SENSOR_DAEMON_LOOP_SECONDS = 5
@@ -134,9 +133,9 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
         description=f"Cuts batches of `{stream.name}` when flush.max_bytes or flush.max_age is reached.",
     )
     def _sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource) -> dg.SensorResult | dg.SkipReason:
-        config, paths = lakehouse.config(), lakehouse.paths()
-        current = config.stream(stream.name)
-        ledger = StreamLedger(paths.staging(stream.name))
+        lake = lakehouse.lake()
+        current = lake.stream(stream.name)
+        ledger = lake.ledger(stream.name)
         # A router's batch is done once routed and its unroutable events committed, not when staged.
         unfinished = [r for r in ledger.batches() if (r.committed if current.is_router else r.staged) is None]
         if unfinished and not lakehouse.until_idle:
@@ -157,7 +156,7 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
         requests = [writer_run_request(r.minted) for r in unfinished]
         reason = "no minted batch waits for staging"
         for _ in range(MAX_BATCHES_PER_TICK):
-            batch, reason = mint_next_batch(config, paths, current, drain=lakehouse.until_idle)
+            batch, reason = mint_next_batch(lake, current, drain=lakehouse.until_idle)
             if batch is None:
                 break
             requests.append(writer_run_request(batch))
@@ -182,10 +181,10 @@ def staged_batches_sensor(table_identifier: str, streams: list[StreamSpec]) -> d
         description=f"Launches the committer of {table_identifier} when staged batches are ready.",
     )
     def _sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource) -> dg.RunRequest | dg.SkipReason:
-        config, paths = lakehouse.config(), lakehouse.paths()
-        table = load_committed_table(config, paths, table_identifier)
+        lake = lakehouse.lake()
+        table = lake.table(table_identifier)
         ready: dict[str, int] = {}
-        state = audit_state(table) if config.audits(table_identifier) else None
+        state = audit_state(table) if lake.config.audits(table_identifier) else None
         if state and state.awaiting_publish:
             failed = failed_checks(context.instance, table_identifier, streams, state.audit)
             if failed:
@@ -195,7 +194,7 @@ def staged_batches_sensor(table_identifier: str, streams: list[StreamSpec]) -> d
                 )
             ready["audit branch, to check and publish"] = len(state.unpublished)
         for stream in streams:
-            ledger = StreamLedger(paths.staging(stream.name))
+            ledger = lake.ledger(stream.name)
             plan = plan_commit(ledger, stream.name, committed_state(table, stream.name).sequence)
             if plan.ready or plan.recovered:
                 ready[stream.name] = len(plan.ready)

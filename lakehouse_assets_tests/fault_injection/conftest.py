@@ -12,9 +12,8 @@ import dagster as dg
 import pytest
 import yaml
 
-from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
-from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import PIPELINE, land_round
@@ -37,11 +36,11 @@ def committed_first_round(base: Path, pipeline: dict) -> Path:
     (work / "lakehouse.yaml").write_text(yaml.safe_dump(pipeline))
     with pytest.MonkeyPatch.context() as monkeypatch:
         _use_home(work, monkeypatch)
-        config, paths = load_config(), LakehousePaths.from_env()
-        land_round(config, paths, 0)
+        lake = Lakehouse.from_env()
+        land_round(lake, 0)
         with dg.DagsterInstance.get() as instance:
-            assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
-        assert invariant_violations(config, paths) == []
+            assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
+        assert invariant_violations(lake) == []
     shutil.copytree(work, base / "template")
     return base
 

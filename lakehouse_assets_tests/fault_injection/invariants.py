@@ -22,20 +22,17 @@ from pathlib import Path
 from pyiceberg.table.snapshots import ancestors_of
 
 from lakehouse_assets import checks, summary_keys
-from lakehouse_assets.batch_ledger import StreamLedger
-from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.dead_letters import dead_letter_identifier, replayed_keys
 from lakehouse_assets.duck import iceberg_connection, manifest_entries, scan
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import landing_dir, list_landing_files
-from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.recovery import committed_landing_files, committed_state, lakehouse_commits
 from lakehouse_assets.staged_format import DELETE, OPERATION_BY_NAME
-from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 
 
-def _landed_events(config: LakehouseConfig, paths: LakehousePaths, stream: str) -> list[dict]:
+def _landed_events(lake: Lakehouse, stream: str) -> list[dict]:
     """The stream's events in landing order; a replayed dead letter only where it was replayed."""
-    directory = landing_dir(paths, config.stream(stream))
+    directory = landing_dir(lake.paths, lake.stream(stream))
     names = [landed.name for landed in list_landing_files(directory)]
     replayed = {(key.source_file, key.source_line) for key in replayed_keys(directory, names)}
     return [
@@ -46,20 +43,20 @@ def _landed_events(config: LakehouseConfig, paths: LakehousePaths, stream: str) 
     ]
 
 
-def expected_orders(config: LakehouseConfig, paths: LakehousePaths) -> tuple[list[tuple], list[dict]]:
+def expected_orders(lake: Lakehouse) -> tuple[list[tuple], list[dict]]:
     """Rows ``(order_id, customer_id, amount)`` and the events that must be dead letters."""
-    events = _landed_events(config, paths, "orders")
+    events = _landed_events(lake, "orders")
     good = [e for e in events if isinstance(e.get("order_id"), int)]
     return sorted((e["order_id"], e.get("customer_id"), e.get("amount")) for e in good), [
         e for e in events if not isinstance(e.get("order_id"), int)
     ]
 
 
-def expected_customers(config: LakehouseConfig, paths: LakehousePaths) -> tuple[list[tuple], list[dict]]:
+def expected_customers(lake: Lakehouse) -> tuple[list[tuple], list[dict]]:
     """Rows ``(id, name)`` after applying the changes in landing order, and the dead letters."""
     rows: dict[int, tuple] = {}
     rejected = []
-    for event in _landed_events(config, paths, "customers"):
+    for event in _landed_events(lake, "customers"):
         operation = OPERATION_BY_NAME.get(str(event.get("op", "")).lower())
         if operation is None:
             rejected.append(event)
@@ -70,25 +67,25 @@ def expected_customers(config: LakehouseConfig, paths: LakehousePaths) -> tuple[
     return sorted(rows.values()), rejected
 
 
-def _rows(config: LakehouseConfig, paths: LakehousePaths, identifier: str, columns: str) -> list[tuple]:
-    location = current_metadata_location(config, paths, identifier)
-    table = load_committed_table(config, paths, identifier)
+def _rows(lake: Lakehouse, identifier: str, columns: str) -> list[tuple]:
+    location = lake.metadata_location(identifier)
+    table = lake.table(identifier)
     if table is None or table.current_snapshot() is None:
         return []
     query = f"SELECT {columns} FROM {scan(location, table.current_snapshot().snapshot_id)} ORDER BY ALL"
     return iceberg_connection().sql(query).fetchall()
 
 
-def _pyiceberg_rows(config: LakehouseConfig, paths: LakehousePaths, identifier: str, columns: list[str]) -> list[tuple]:
-    table = load_committed_table(config, paths, identifier)
+def _pyiceberg_rows(lake: Lakehouse, identifier: str, columns: list[str]) -> list[tuple]:
+    table = lake.table(identifier)
     arrow = table.scan(selected_fields=tuple(columns)).to_arrow()
     return sorted(zip(*[arrow.column(name).to_pylist() for name in columns], strict=True))
 
 
-def _table_problems(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> list[str]:
+def _table_problems(lake: Lakehouse, identifier: str) -> list[str]:
     problems = []
-    table = load_committed_table(config, paths, identifier)
-    location = current_metadata_location(config, paths, identifier)
+    table = lake.table(identifier)
+    location = lake.metadata_location(identifier)
     snapshot = checks.CommittedSnapshot(location, table.current_snapshot().snapshot_id)
     connection = iceberg_connection()
     for outcome in (checks.check_sequence_ranges(snapshot), checks.check_unique_data_files(connection, snapshot)):
@@ -108,17 +105,17 @@ def _table_problems(config: LakehouseConfig, paths: LakehousePaths, identifier: 
     return problems
 
 
-def invariant_violations(config: LakehouseConfig, paths: LakehousePaths) -> list[str]:
+def invariant_violations(lake: Lakehouse) -> list[str]:
     """Every violated invariant, described; empty when the pipeline did exactly-once."""
     problems = []
-    orders, orders_rejected = expected_orders(config, paths)
-    customers, customers_rejected = expected_customers(config, paths)
+    orders, orders_rejected = expected_orders(lake)
+    customers, customers_rejected = expected_customers(lake)
     tables = {
         "sales.orders": (orders, orders_rejected, ["order_id", "customer_id", "amount"]),
         "crm.customers": (customers, customers_rejected, ["id", "name"]),
     }
     for identifier, (expected, rejected, columns) in tables.items():
-        actual = _rows(config, paths, identifier, ", ".join(columns))
+        actual = _rows(lake, identifier, ", ".join(columns))
         if actual != expected:
             extra = Counter(actual) - Counter(expected)
             lost = Counter(expected) - Counter(actual)
@@ -126,36 +123,36 @@ def invariant_violations(config: LakehouseConfig, paths: LakehousePaths) -> list
                 f"{identifier}: {sum(extra.values())} unexpected or duplicated rows (e.g. {list(extra)[:3]}), "
                 f"{sum(lost.values())} missing (e.g. {list(lost)[:3]})"
             )
-        if _pyiceberg_rows(config, paths, identifier, columns) != actual:
+        if _pyiceberg_rows(lake, identifier, columns) != actual:
             problems.append(f"{identifier}: PyIceberg and DuckDB read different rows")
-        problems.extend(_table_problems(config, paths, identifier))
+        problems.extend(_table_problems(lake, identifier))
         dead = Counter(
             json.dumps(json.loads(event), sort_keys=True)
-            for (event,) in _rows(config, paths, dead_letter_identifier(identifier), "event")
+            for (event,) in _rows(lake, dead_letter_identifier(identifier), "event")
         )
         wanted = Counter(json.dumps(event, sort_keys=True) for event in rejected)
         if dead != wanted:
             problems.append(f"{identifier}: dead letters {dict(dead)} differ from the rejected events {dict(wanted)}")
-    keys = _rows(config, paths, "crm.customers", "id")
+    keys = _rows(lake, "crm.customers", "id")
     if len(keys) != len(set(keys)):
         problems.append("crm.customers: an identifier key appears twice")
-    for stream in config.streams:
-        ledger = StreamLedger(paths.staging(stream.name))
-        table = load_committed_table(config, paths, stream.table_identifier)
+    for stream in lake.config.streams:
+        ledger = lake.ledger(stream.name)
+        table = lake.table(stream.table_identifier)
         committed = committed_state(table, stream.name).sequence
         claimed = {name for record in ledger.batches() if record.sequence <= committed for name in record.minted.files}
         claimed |= committed_landing_files(table, stream.name)
-        unclaimed = [f.name for f in list_landing_files(landing_dir(paths, stream)) if f.name not in claimed]
+        unclaimed = [f.name for f in list_landing_files(landing_dir(lake.paths, stream)) if f.name not in claimed]
         if unclaimed:
             problems.append(f"stream {stream.name}: {len(unclaimed)} landed files are not in a committed batch")
     return problems
 
 
-def each_batch_committed_once(config: LakehouseConfig, paths: LakehousePaths, identifier: str) -> bool:
+def each_batch_committed_once(lake: Lakehouse, identifier: str) -> bool:
     """Whether the table's commits name every batch of each stream once, in order."""
     batches = [
         (commit.stream, sequence)
-        for commit in lakehouse_commits(load_committed_table(config, paths, identifier))
+        for commit in lakehouse_commits(lake.table(identifier))
         for sequence in range(commit.first_sequence, commit.last_sequence + 1)
     ]
     return batches == sorted(set(batches))

@@ -14,10 +14,8 @@ import sys
 from pathlib import Path
 
 from lakehouse_assets import faults
-from lakehouse_assets.batch_ledger import StreamLedger
-from lakehouse_assets.config import LakehouseConfig
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import land_events
-from lakehouse_assets.paths import LakehousePaths
 
 ORDERS = {
     "name": "orders",
@@ -63,12 +61,12 @@ PIPELINE = {"streams": [{**stream, "maintenance": AGGRESSIVE_MAINTENANCE} for st
 OPERATIONS = ("c", "u", "d", "u", "c")
 
 
-def land_round(config: LakehouseConfig, paths: LakehousePaths, round_number: int) -> None:
+def land_round(lake: Lakehouse, round_number: int) -> None:
     """Land one round of events: 30 orders and 15 customer changes, each with one bad event."""
     first = round_number * 30
     orders = [json.dumps({"order_id": first + i, "customer_id": i % 7, "amount": i * 0.5}) for i in range(30)]
     orders.append(json.dumps({"customer_id": round_number, "note": f"round {round_number}: no order_id"}))
-    land_events(paths, config.stream("orders"), orders)
+    land_events(lake.paths, lake.stream("orders"), orders)
     changes = [
         json.dumps(
             {"op": OPERATIONS[(first + i) % len(OPERATIONS)], "id": (first + i * 3) % 11, "name": f"n{first + i}"}
@@ -76,13 +74,13 @@ def land_round(config: LakehouseConfig, paths: LakehousePaths, round_number: int
         for i in range(15)
     ]
     changes.append(json.dumps({"op": "merge", "id": 1, "note": f"round {round_number}: unknown operation"}))
-    land_events(paths, config.stream("customers"), changes)
+    land_events(lake.paths, lake.stream("customers"), changes)
 
 
-def remove_staged_parquet(config: LakehouseConfig, paths: LakehousePaths) -> None:
+def remove_staged_parquet(lake: Lakehouse) -> None:
     """Remove the staged Parquet of every committed batch, as the next committer pass does."""
-    for stream in config.streams:
-        ledger = StreamLedger(paths.staging(stream.name))
+    for stream in lake.config.streams:
+        ledger = lake.ledger(stream.name)
         for record in ledger.batches():
             if record.committed:
                 ledger.remove_attempts(record.sequence)

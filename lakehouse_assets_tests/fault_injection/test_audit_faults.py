@@ -11,9 +11,8 @@ import yaml
 
 from lakehouse_assets import faults
 from lakehouse_assets.branches import audit_state
-from lakehouse_assets.config import load_config
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.landing import land_events
-from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.fault_injection.conftest import committed_first_round, restored_first_round
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
@@ -52,27 +51,29 @@ def lakehouse_home(audited_round_template: Path, monkeypatch: pytest.MonkeyPatch
     return restored_first_round(audited_round_template, monkeypatch)
 
 
-def _branches_agree(config, paths) -> bool:
+def _branches_agree(lake) -> bool:
     """Nothing is left on an audit branch that main does not have."""
-    return not any(audit_state(load_committed_table(config, paths, table)).awaiting_publish for table in TABLES)
+    return not any(audit_state(lake.table(table)).awaiting_publish for table in TABLES)
 
 
 @pytest.mark.parametrize("point", PUBLISH_POINTS)
-def test_an_audited_pipeline_killed_before_or_while_publishing_publishes_exactly_once(point, config, paths):
-    land_round(config, paths, 1)
+def test_an_audited_pipeline_killed_before_or_while_publishing_publishes_exactly_once(point, lake):
+    land_round(lake, 1)
 
     kill_at_then_restart(point)
 
-    assert invariant_violations(config, paths) == []
-    assert _branches_agree(config, paths)
+    assert invariant_violations(lake) == []
+    assert _branches_agree(lake)
 
 
-def test_a_discard_killed_half_way_finishes_when_repeated_and_the_batch_publishes_once(config, paths, lakehouse_home):
-    land_round(config, paths, 1)
-    land_events(paths, config.stream("orders"), [json.dumps({"order_id": 10_000, "customer_id": 1, "amount": 5000.0})])
+def test_a_discard_killed_half_way_finishes_when_repeated_and_the_batch_publishes_once(lake, lakehouse_home):
+    land_round(lake, 1)
+    land_events(
+        lake.paths, lake.stream("orders"), [json.dumps({"order_id": 10_000, "customer_id": 1, "amount": 5000.0})]
+    )
     blocked = run_pipeline_process()
     assert blocked.returncode == 1, blocked.stdout[-3000:]
-    assert audit_state(load_committed_table(config, paths, "sales.orders")).awaiting_publish
+    assert audit_state(lake.table("sales.orders")).awaiting_publish
 
     crashed = run_lakehouse_process(
         ["audit", "discard", "--table", "sales.orders"], {faults.CRASH_ENV: faults.DISCARD_AFTER_UNSTAGING}
@@ -89,6 +90,6 @@ def test_a_discard_killed_half_way_finishes_when_repeated_and_the_batch_publishe
     restarted = run_pipeline_process()
     assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
 
-    config = load_config()
-    assert invariant_violations(config, paths) == []
-    assert _branches_agree(config, paths)
+    lake = Lakehouse.from_env()
+    assert invariant_violations(lake) == []
+    assert _branches_agree(lake)

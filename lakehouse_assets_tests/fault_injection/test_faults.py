@@ -13,13 +13,11 @@ import dagster as dg
 import pytest
 
 from lakehouse_assets import faults, summary_keys
-from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.runner import IN_PROCESS_SPARK
 from lakehouse_assets.spark import lakehouse_session
-from lakehouse_assets.table_metadata import current_metadata_location, load_committed_table
 from lakehouse_assets_tests.fault_injection.invariants import each_batch_committed_once, invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
     kill_at_then_restart,
@@ -33,16 +31,16 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.mark.parametrize("point", faults.CRASH_POINTS)
-def test_a_pipeline_killed_at_each_point_recovers_exactly_once(point, config, paths):
-    land_round(config, paths, 1)
+def test_a_pipeline_killed_at_each_point_recovers_exactly_once(point, lake):
+    land_round(lake, 1)
 
     kill_at_then_restart(point)
 
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
 
-def test_a_crash_then_wiped_local_state_loses_and_duplicates_nothing(config, paths, lakehouse_home):
-    land_round(config, paths, 1)
+def test_a_crash_then_wiped_local_state_loses_and_duplicates_nothing(lake, lakehouse_home):
+    land_round(lake, 1)
     crashed = run_pipeline_process({faults.CRASH_ENV: faults.COMMITTER_AFTER_COMMIT})
     assert crashed.returncode == -signal.SIGKILL
 
@@ -51,55 +49,54 @@ def test_a_crash_then_wiped_local_state_loses_and_duplicates_nothing(config, pat
     dagster_home = Path(os.environ["DAGSTER_HOME"])
     shutil.rmtree(dagster_home)
     dagster_home.mkdir()
-    land_round(config, paths, 2)
+    land_round(lake, 2)
     restarted = run_pipeline_process()
 
     assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
 
-def test_an_error_after_a_commit_landed_is_decided_by_the_ancestry(config, paths):
-    land_round(config, paths, 1)
+def test_an_error_after_a_commit_landed_is_decided_by_the_ancestry(lake):
+    land_round(lake, 1)
 
     # Every write "fails" after its commit landed: the committer must see the commit in the
     # ancestry and go on, never commit the batch again.
     completed = run_pipeline_process({faults.FAIL_ENV: faults.COMMITTER_AFTER_WRITE})
 
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    assert invariant_violations(config, paths) == []
-    assert each_batch_committed_once(config, paths, "crm.customers")
+    assert invariant_violations(lake) == []
+    assert each_batch_committed_once(lake, "crm.customers")
 
 
-def test_a_failed_commit_keeps_staged_data_for_the_next_run(config, paths):
-    land_round(config, paths, 1)
+def test_a_failed_commit_keeps_staged_data_for_the_next_run(lake):
+    land_round(lake, 1)
 
     failed = run_pipeline_process({faults.FAIL_ENV: faults.COMMITTER_BEFORE_COMMIT})
     assert failed.returncode == 1
-    staged = [r.sequence for r in StreamLedger(paths.staging("orders")).batches() if r.status == "staged"]
+    staged = [r.sequence for r in lake.ledger("orders").batches() if r.status == "staged"]
     assert staged, "the failed commit must leave its batches staged"
     assert run_pipeline_process().returncode == 0
 
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
 
-def test_two_pipelines_at_once_commit_each_batch_once(config, paths, tmp_path):
+def test_two_pipelines_at_once_commit_each_batch_once(lake, tmp_path):
     for round_number in (1, 2):
-        land_round(config, paths, round_number)
+        land_round(lake, round_number)
 
     run_two_pipelines_at_once(tmp_path)
 
-    assert invariant_violations(config, paths) == []
-    assert each_batch_committed_once(config, paths, "sales.orders")
-    assert each_batch_committed_once(config, paths, "crm.customers")
+    assert invariant_violations(lake) == []
+    assert each_batch_committed_once(lake, "sales.orders")
+    assert each_batch_committed_once(lake, "crm.customers")
 
 
 STALE_COMMITTER = """
 from lakehouse_assets.committer import commit_table
-from lakehouse_assets.config import load_config
-from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.spark import lakehouse_session
-config, paths = load_config(), LakehousePaths.from_env()
-outcome = commit_table(lakehouse_session(config, paths), config, paths, "sales.orders", "stale-committer")
+lake = Lakehouse.from_env()
+outcome = commit_table(lakehouse_session(lake), lake, "sales.orders", "stale-committer")
 print("FENCED:", outcome.fenced)
 print("COMMITS:", len(outcome.results))
 """
@@ -121,9 +118,9 @@ def _stage_in_process(config, instance, stream):
         )
 
 
-def test_a_stale_committer_is_fenced_and_commits_nothing(config, paths, instance, tmp_path):
-    land_round(config, paths, 1)
-    _stage_in_process(config, instance, "orders")
+def test_a_stale_committer_is_fenced_and_commits_nothing(lake, instance, tmp_path):
+    land_round(lake, 1)
+    _stage_in_process(lake.config, instance, "orders")
     pause_dir = tmp_path / "pauses"
     pause_dir.mkdir()
 
@@ -146,26 +143,26 @@ def test_a_stale_committer_is_fenced_and_commits_nothing(config, paths, instance
 
     assert stale.returncode == 0, output[-3000:]
     assert "stopping without committing" in output and "COMMITS: 0" in output
-    assert invariant_violations(config, paths) == []
-    assert each_batch_committed_once(config, paths, "sales.orders")
+    assert invariant_violations(lake) == []
+    assert each_batch_committed_once(lake, "sales.orders")
 
 
-def test_a_rolled_back_table_gets_its_batches_again(config, paths):
-    kept = load_committed_table(config, paths, "sales.orders").current_snapshot().snapshot_id
-    land_round(config, paths, 1)
+def test_a_rolled_back_table_gets_its_batches_again(lake):
+    kept = lake.table("sales.orders").current_snapshot().snapshot_id
+    land_round(lake, 1)
     assert run_pipeline_process().returncode == 0
-    remove_staged_parquet(config, paths)  # as the next committer pass would
+    remove_staged_parquet(lake)  # as the next committer pass would
 
-    lakehouse_session(config, paths).sql(f"CALL lake.system.rollback_to_snapshot('sales.orders', {kept})")
-    assert invariant_violations(config, paths) != []
+    lakehouse_session(lake).sql(f"CALL lake.system.rollback_to_snapshot('sales.orders', {kept})")
+    assert invariant_violations(lake) != []
     assert run_pipeline_process().returncode == 0
 
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
 
-def test_a_storage_error_while_writing_metadata_loses_nothing(config, paths):
-    land_round(config, paths, 1)
-    current = current_metadata_location(config, paths, "sales.orders")
+def test_a_storage_error_while_writing_metadata_loses_nothing(lake):
+    land_round(lake, 1)
+    current = lake.metadata_location("sales.orders")
     version = int(current.rsplit("/v", 1)[1].split(".")[0])
     # The next metadata file's name is taken: the catalog cannot write the new table version.
     obstacles = [current.replace(f"/v{version}.", f"/v{version + n}.") for n in (1, 2)]
@@ -178,15 +175,15 @@ def test_a_storage_error_while_writing_metadata_loses_nothing(config, paths):
         shutil.rmtree(obstacle)
     assert run_pipeline_process().returncode == 0
 
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
 
-def test_a_missing_batch_blocks_later_batches_loudly(config, paths, instance):
+def test_a_missing_batch_blocks_later_batches_loudly(lake, instance):
     for round_number in (1, 2):
-        land_round(config, paths, round_number)
-        _stage_in_process(config, instance, "customers")
-    repository = build_definitions(config).get_repository_def()
-    ledger = StreamLedger(paths.staging("customers"))
+        land_round(lake, round_number)
+        _stage_in_process(lake.config, instance, "customers")
+    repository = build_definitions(lake.config).get_repository_def()
+    ledger = lake.ledger("customers")
     committed = [r.sequence for r in ledger.batches() if r.committed]
     missing = max(committed) + 1
     shutil.rmtree(ledger.batch(missing).directory)
@@ -201,5 +198,5 @@ def test_a_missing_batch_blocks_later_batches_loudly(config, paths, instance):
     assert record.status.value == "FAILED"
     found = record.event.dagster_event.event_specific_data.metadata["found"].value
     assert f"batch {missing} is missing from the staging ledger" in found
-    summary = load_committed_table(config, paths, "crm.customers").current_snapshot().summary
+    summary = lake.table("crm.customers").current_snapshot().summary
     assert int(summary.additional_properties[summary_keys.COMMIT_SEQUENCE]) < missing

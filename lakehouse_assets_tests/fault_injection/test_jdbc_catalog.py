@@ -15,10 +15,9 @@ import pytest
 import yaml
 
 from lakehouse_assets import faults
-from lakehouse_assets.config import load_config
-from lakehouse_assets.paths import STORAGE_ROOT_ENV, LakehousePaths
+from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.paths import STORAGE_ROOT_ENV
 from lakehouse_assets.spark import DRIVER_MEMORY_ENV, MASTER_ENV
-from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
 from lakehouse_assets_tests.fault_injection.invariants import each_batch_committed_once, invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
@@ -66,11 +65,11 @@ def jdbc_first_round(tmp_path_factory: pytest.TempPathFactory, postgres: Postgre
     with pytest.MonkeyPatch.context() as monkeypatch:
         _use_home(work, monkeypatch)
         monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
-        config, paths = load_config(), LakehousePaths.from_env()
-        land_round(config, paths, 0)
+        lake = Lakehouse.from_env()
+        land_round(lake, 0)
         completed = run_pipeline_process()
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-        assert invariant_violations(config, paths) == []
+        assert invariant_violations(lake) == []
     postgres.clone_database(DATABASE, FIRST_ROUND_DATABASE)
     shutil.copytree(work, base / "template")
     return base
@@ -103,25 +102,25 @@ def _files_containing(root: Path, needle: str) -> list[Path]:
     return found
 
 
-def test_both_pipelines_commit_exactly_once_and_pass_their_checks(config, paths, postgres):
-    land_round(config, paths, 1)
+def test_both_pipelines_commit_exactly_once_and_pass_their_checks(lake, postgres):
+    land_round(lake, 1)
     completed = run_pipeline_process()
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
 
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
     # The tables are the catalog's: PostgreSQL names their current metadata, no Hadoop layout exists.
     rows = _catalog_rows(postgres)
     assert set(TABLES) | {"sales.orders_dead_letters", "crm.customers_dead_letters"} <= set(rows)
-    assert not list(paths.warehouse.rglob("version-hint.text"))
+    assert not list(lake.paths.warehouse.rglob("version-hint.text"))
     checked = run_lakehouse_process(["check"])
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
     # The catalog password came from the environment and went nowhere else.
     assert PASSWORD not in completed.stdout + completed.stderr + checked.stdout + checked.stderr
-    assert _files_containing(paths.home.parent, PASSWORD) == []
+    assert _files_containing(lake.paths.home.parent, PASSWORD) == []
 
 
-def test_both_pipelines_run_on_a_standalone_cluster_with_the_jdbc_catalog(config, paths, tmp_path):
-    land_round(config, paths, 1)
+def test_both_pipelines_run_on_a_standalone_cluster_with_the_jdbc_catalog(lake, tmp_path):
+    land_round(lake, 1)
 
     with standalone_cluster(tmp_path / "cluster") as cluster:
         on_cluster = {
@@ -133,56 +132,56 @@ def test_both_pipelines_run_on_a_standalone_cluster_with_the_jdbc_catalog(config
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
         assert cluster.application_dirs(), "no executor of the cluster ran the pipeline's work"
 
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
     for identifier in TABLES:
-        assert each_batch_committed_once(config, paths, identifier), identifier
+        assert each_batch_committed_once(lake, identifier), identifier
 
 
-def test_a_pipeline_killed_after_its_commit_recovers_exactly_once(config, paths):
-    land_round(config, paths, 1)
+def test_a_pipeline_killed_after_its_commit_recovers_exactly_once(lake):
+    land_round(lake, 1)
 
     kill_at_then_restart(faults.COMMITTER_AFTER_COMMIT)
 
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
 
-def test_two_committers_racing_commit_each_batch_once(config, paths, tmp_path):
+def test_two_committers_racing_commit_each_batch_once(lake, tmp_path):
     for round_number in (1, 2):
-        land_round(config, paths, round_number)
+        land_round(lake, round_number)
 
     run_two_pipelines_at_once(tmp_path)
 
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
     for identifier in TABLES:
-        assert each_batch_committed_once(config, paths, identifier), identifier
+        assert each_batch_committed_once(lake, identifier), identifier
 
 
-def test_maintenance_with_expiry_keeps_recovery_exactly_once(config, paths):
-    land_round(config, paths, 1)
+def test_maintenance_with_expiry_keeps_recovery_exactly_once(lake):
+    land_round(lake, 1)
     assert run_pipeline_process().returncode == 0
 
     maintained = run_lakehouse_process(["maintain"])
     assert maintained.returncode == 0, maintained.stdout[-3000:] + maintained.stderr[-3000:]
     for identifier in TABLES:
-        table = load_committed_table(config, paths, identifier)
+        table = lake.table(identifier)
         oldest = min(table.metadata.snapshots, key=lambda snapshot: snapshot.sequence_number)
         assert oldest.parent_snapshot_id is not None, f"{identifier}: expiry kept the whole history"
-    land_round(config, paths, 2)
+    land_round(lake, 2)
     assert run_pipeline_process().returncode == 0
 
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
 
 @pytest.mark.parametrize("point", [faults.COMMITTER_BEFORE_COMMIT, faults.COMMITTER_BEFORE_PUBLISH])
-def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point, config, paths, tmp_path):
-    land_round(config, paths, 1)
+def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point, lake, tmp_path):
+    land_round(lake, 1)
     # Host B: its own home (locks, Dagster instance), this home as the shared storage root.
     host_b = tmp_path / "host-b"
     (host_b / "dagster").mkdir(parents=True)
     on_host_b = {
         "LAKEHOUSE_HOME": str(host_b / "home"),
         "DAGSTER_HOME": str(host_b / "dagster"),
-        STORAGE_ROOT_ENV: str(paths.home),
+        STORAGE_ROOT_ENV: str(lake.paths.home),
     }
     pauses = tmp_path / "pauses"
     pauses.mkdir()
@@ -202,6 +201,6 @@ def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point
 
     assert "another committer published" in (tmp_path / "host-a.log").read_text()
     assert run_pipeline_process().returncode == 0
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
     for identifier in TABLES:
-        assert each_batch_committed_once(config, paths, identifier), identifier
+        assert each_batch_committed_once(lake, identifier), identifier

@@ -11,7 +11,6 @@ import pytest
 from lakehouse_assets import faults
 from lakehouse_assets.recovery import CHECKPOINT_PROPERTY, committed_state
 from lakehouse_assets.spark import lakehouse_session
-from lakehouse_assets.table_metadata import load_committed_table
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
     land_round,
@@ -25,8 +24,8 @@ pytestmark = pytest.mark.spark
 TABLES = ("sales.orders", "crm.customers")
 
 
-def _ancestry_is_cut(config, paths, identifier):
-    table = load_committed_table(config, paths, identifier)
+def _ancestry_is_cut(lake, identifier):
+    table = lake.table(identifier)
     snapshots = {snapshot.snapshot_id: snapshot for snapshot in table.metadata.snapshots}
     oldest = min(snapshots.values(), key=lambda snapshot: snapshot.sequence_number)
     return oldest.parent_snapshot_id is not None and CHECKPOINT_PROPERTY in table.metadata.properties
@@ -38,77 +37,73 @@ def _maintain():
     return completed.stdout
 
 
-def test_expiry_and_compaction_keep_recovery_exactly_once(config, paths, lakehouse_home):
-    land_round(config, paths, 1)
+def test_expiry_and_compaction_keep_recovery_exactly_once(lake, lakehouse_home):
+    land_round(lake, 1)
     assert run_pipeline_process().returncode == 0
     before = {
-        stream.name: committed_state(load_committed_table(config, paths, stream.table_identifier), stream.name)
-        for stream in config.streams
+        stream.name: committed_state(lake.table(stream.table_identifier), stream.name) for stream in lake.config.streams
     }
 
     output = _maintain()
 
     assert "compaction.rewritten_data_files_count" in output
     for identifier in TABLES:
-        assert _ancestry_is_cut(config, paths, identifier), identifier
-    for stream in config.streams:
-        after = committed_state(load_committed_table(config, paths, stream.table_identifier), stream.name)
+        assert _ancestry_is_cut(lake, identifier), identifier
+    for stream in lake.config.streams:
+        after = committed_state(lake.table(stream.table_identifier), stream.name)
         assert after.sequence == before[stream.name].sequence
         assert after.epoch == before[stream.name].epoch
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
     # Local state and Dagster's history wiped, new events: nothing is re-committed or lost.
     shutil.rmtree(lakehouse_home / "state")
     shutil.rmtree(Path(os.environ["DAGSTER_HOME"]))
     Path(os.environ["DAGSTER_HOME"]).mkdir()
-    kept = {
-        identifier: load_committed_table(config, paths, identifier).current_snapshot().snapshot_id
-        for identifier in TABLES
-    }
-    land_round(config, paths, 2)
+    kept = {identifier: lake.table(identifier).current_snapshot().snapshot_id for identifier in TABLES}
+    land_round(lake, 2)
     assert run_pipeline_process().returncode == 0
-    remove_staged_parquet(config, paths)  # as the next committer pass would
-    assert invariant_violations(config, paths) == []
+    remove_staged_parquet(lake)  # as the next committer pass would
+    assert invariant_violations(lake) == []
 
     # A rollback to a snapshot maintenance kept re-commits round 2, staged again from landing files.
-    session = lakehouse_session(config, paths)
+    session = lakehouse_session(lake)
     for identifier, snapshot_id in kept.items():
         session.sql(f"CALL lake.system.rollback_to_snapshot('{identifier}', {snapshot_id})")
-    assert invariant_violations(config, paths) != []
+    assert invariant_violations(lake) != []
     assert run_pipeline_process().returncode == 0
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
 
-def test_maintenance_killed_between_checkpoint_and_expiry(config, paths):
-    land_round(config, paths, 1)
+def test_maintenance_killed_between_checkpoint_and_expiry(lake):
+    land_round(lake, 1)
     assert run_pipeline_process().returncode == 0
 
     crashed = run_lakehouse_process(["maintain"], {faults.CRASH_ENV: faults.MAINTENANCE_AFTER_CHECKPOINT})
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-3000:] + crashed.stderr[-3000:]
-    land_round(config, paths, 2)
+    land_round(lake, 2)
     assert run_pipeline_process().returncode == 0
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
     _maintain()
-    land_round(config, paths, 3)
+    land_round(lake, 3)
     assert run_pipeline_process().returncode == 0
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
 
-def test_an_expiry_without_checkpoint_stops_the_committer_loudly(config, paths):
-    land_round(config, paths, 1)
+def test_an_expiry_without_checkpoint_stops_the_committer_loudly(lake):
+    land_round(lake, 1)
     assert run_pipeline_process().returncode == 0
     # Someone expires snapshots with Iceberg's procedure directly: the stream's commits are gone.
-    lakehouse_session(config, paths).sql(
+    lakehouse_session(lake).sql(
         "CALL lake.system.expire_snapshots(table => 'sales.orders', older_than => TIMESTAMP '2100-01-01', "
         "retain_last => 1)"
     )
-    rows_before = load_committed_table(config, paths, "sales.orders").scan().to_arrow().num_rows
-    land_round(config, paths, 2)
+    rows_before = lake.table("sales.orders").scan().to_arrow().num_rows
+    land_round(lake, 2)
 
     failed = run_pipeline_process()
 
     # The micro-batch sensor is the first to read the ancestry: it refuses to number new batches.
     assert failed.returncode == 2
     assert "no lakehouse checkpoint covers it" in failed.stderr
-    assert load_committed_table(config, paths, "sales.orders").scan().to_arrow().num_rows == rows_before
+    assert lake.table("sales.orders").scan().to_arrow().num_rows == rows_before

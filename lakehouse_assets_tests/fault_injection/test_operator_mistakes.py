@@ -30,7 +30,7 @@ from lakehouse_assets.maintenance import sql_string_literal
 from lakehouse_assets.recovery import CHECKPOINT_PROPERTY, Checkpoint, committed_landing_files, read_checkpoint
 from lakehouse_assets.runner import IN_PROCESS_SPARK, run_job, run_until_idle
 from lakehouse_assets.spark import lakehouse_session
-from lakehouse_assets.table_metadata import VERSION_HINT, current_metadata_location, load_committed_table
+from lakehouse_assets.table_metadata import VERSION_HINT
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
     land_round,
@@ -63,15 +63,15 @@ def _wait_for(condition, what: str, process=None) -> None:
 
 
 @pytest.mark.spark
-def test_a_mint_killed_between_its_directory_and_batch_json_is_repaired(config, paths, instance):
-    land_round(config, paths, 1)
+def test_a_mint_killed_between_its_directory_and_batch_json_is_repaired(lake, instance):
+    land_round(lake, 1)
 
     crashed = run_pipeline_process({faults.CRASH_ENV: faults.LEDGER_AFTER_DIRECTORY})
     assert crashed.returncode == -signal.SIGKILL, f"never reached the point:\n{_output(crashed)}"
     half_minted = [
         directory
-        for stream in config.streams
-        for directory in paths.staging(stream.name).iterdir()
+        for stream in lake.config.streams
+        for directory in lake.paths.staging(stream.name).iterdir()
         if directory.name.isdigit() and not (directory / BATCH_FILE).exists()
     ]
     assert len(half_minted) == 1
@@ -79,10 +79,10 @@ def test_a_mint_killed_between_its_directory_and_batch_json_is_repaired(config, 
     restarted = run_pipeline_process()
     assert restarted.returncode == 0, _output(restarted)
     assert (half_minted[0] / BATCH_FILE).exists()  # the sequence was minted into its directory
-    land_round(config, paths, 2)
-    _run_in_process(config, instance)
+    land_round(lake, 2)
+    _run_in_process(lake.config, instance)
 
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
 
 def test_a_half_minted_directory_is_reused_and_a_minted_batch_is_never_minted_twice(tmp_path):
@@ -103,23 +103,23 @@ def test_a_half_minted_directory_is_reused_and_a_minted_batch_is_never_minted_tw
 
 
 @pytest.mark.spark
-def test_a_missing_version_hint_finds_the_table_by_listing_and_never_recreates_it(config, paths):
-    before = {identifier: load_committed_table(config, paths, identifier).metadata for identifier in TABLES}
-    locations = {identifier: current_metadata_location(config, paths, identifier) for identifier in TABLES}
+def test_a_missing_version_hint_finds_the_table_by_listing_and_never_recreates_it(lake):
+    before = {identifier: lake.table(identifier).metadata for identifier in TABLES}
+    locations = {identifier: lake.metadata_location(identifier) for identifier in TABLES}
     for identifier in TABLES:
         (Path(locations[identifier]).parent / VERSION_HINT).unlink()
-        assert current_metadata_location(config, paths, identifier) == locations[identifier]
-    land_round(config, paths, 1)
+        assert lake.metadata_location(identifier) == locations[identifier]
+    land_round(lake, 1)
 
     completed = run_pipeline_process()
 
     assert completed.returncode == 0, _output(completed)
     for identifier in TABLES:
-        after = load_committed_table(config, paths, identifier).metadata
+        after = lake.table(identifier).metadata
         assert after.table_uuid == before[identifier].table_uuid
         assert {s.snapshot_id for s in before[identifier].snapshots} <= {s.snapshot_id for s in after.snapshots}
         assert after.current_snapshot_id != before[identifier].current_snapshot_id
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
 
 # 3. Two `lakehouse dlq replay` at once ----------------------------------------------------------
@@ -141,9 +141,9 @@ def _holds_open(pid: int, path: Path) -> bool:
 
 
 @pytest.mark.spark
-def test_two_replays_at_once_land_each_dead_letter_once(config, paths, instance, tmp_path):
-    directory = landing_dir(paths, config.stream("orders"))
-    dead_letters = load_committed_table(config, paths, "sales.orders_dead_letters").scan().to_arrow().to_pylist()
+def test_two_replays_at_once_land_each_dead_letter_once(lake, instance, tmp_path):
+    directory = landing_dir(lake.paths, lake.stream("orders"))
+    dead_letters = lake.table("sales.orders_dead_letters").scan().to_arrow().to_pylist()
     assert len(dead_letters) == 1
     pause_dir = tmp_path / "pauses"
     pause_dir.mkdir()
@@ -156,7 +156,7 @@ def test_two_replays_at_once_land_each_dead_letter_once(config, paths, instance,
     )
     _wait_for((pause_dir / f"{point}.paused").exists, "the first replay to choose its dead letters", first)
     second = start_lakehouse_process(replay, {}, tmp_path / "second.log")
-    lock = replay_lock_file(paths.locks, "orders")
+    lock = replay_lock_file(lake.paths.locks, "orders")
     _wait_for(lambda: _holds_open(second.pid, lock), "the second replay to wait for the replay lock", second)
     assert second.poll() is None and replayed_keys(directory, os.listdir(directory)) == []
     (pause_dir / f"{point}.release").touch()
@@ -168,15 +168,15 @@ def test_two_replays_at_once_land_each_dead_letter_once(config, paths, instance,
     [key] = replayed_keys(directory, replay_files)
     assert (key.source_file, key.source_line) == (dead_letters[0]["source_file"], dead_letters[0]["source_line"])
 
-    land_round(config, paths, 1)
-    _run_in_process(config, instance)
+    land_round(lake, 1)
+    _run_in_process(lake.config, instance)
 
     # The replayed event failed again: it is a dead letter once, from its replay, with its reason.
-    rows = load_committed_table(config, paths, "sales.orders_dead_letters").scan().to_arrow().to_pylist()
+    rows = lake.table("sales.orders_dead_letters").scan().to_arrow().to_pylist()
     assert Counter(row["event"] for row in rows).most_common(1)[0][1] == 1
     [replayed] = [row for row in rows if row["event"] == dead_letters[0]["event"]]
     assert replayed["source_file"] == replay_files[0] and replayed["reason"] == dead_letters[0]["reason"]
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
 
 # 4. A writer run failed past its retries under the daemon ----------------------------------------
@@ -215,19 +215,19 @@ def _launch(instance, request: dg.RunRequest, parent: dg.DagsterRun | None = Non
 
 
 @pytest.mark.spark
-def test_a_writer_run_failed_past_its_retries_is_requested_again_after_a_backoff(config, paths, tmp_path):
+def test_a_writer_run_failed_past_its_retries_is_requested_again_after_a_backoff(lake, tmp_path):
     # The project's instance settings: Dagster retries a failed run twice.
     project_settings = Path(lakehouse_assets.__file__).parents[1] / "dagster.yaml"
     shutil.copy(project_settings, Path(os.environ["DAGSTER_HOME"]) / "dagster.yaml")
-    land_round(config, paths, 1)
-    landing = landing_dir(paths, config.stream("orders"))
-    claimed = StreamLedger(paths.staging("orders")).claimed_files()
+    land_round(lake, 1)
+    landing = landing_dir(lake.paths, lake.stream("orders"))
+    claimed = lake.ledger("orders").claimed_files()
     [new_file] = [f.name for f in list_landing_files(landing) if f.name not in claimed]
     aged = time.time() - 120
     os.utime(landing / new_file, (aged, aged))
 
     with dg.DagsterInstance.get() as instance:
-        [request] = _landing_tick(config, instance).run_requests
+        [request] = _landing_tick(lake.config, instance).run_requests
         assert request.run_key == "orders:2"
         # The batch's landing file is moved away: its writer run and both of Dagster's retries fail.
         (landing / new_file).rename(tmp_path / new_file)
@@ -238,12 +238,12 @@ def test_a_writer_run_failed_past_its_retries_is_requested_again_after_a_backoff
         assert run.status == dg.DagsterRunStatus.FAILURE and run.tags[dagster_tags.WILL_RETRY_TAG] == "false"
 
         # The daemon would skip run key orders:2 for ever; the sensor says it backs off instead.
-        tick = _landing_tick(config, instance)
+        tick = _landing_tick(lake.config, instance)
         assert tick.run_requests == []
         assert f"writer run {run.run_id} failed and Dagster will not retry it" in tick.skip_message
         assert "requesting the batch again (retry 1) in" in tick.skip_message
         failed_at = instance.get_run_record_by_id(run.run_id).end_time
-        minted = StreamLedger(paths.staging("orders")).batch(2).minted
+        minted = lake.ledger("orders").batch(2).minted
         assert unstaged_batch_request(instance, minted, failed_at + 29)[0] is None
         retry, reason = unstaged_batch_request(instance, minted, failed_at + 30)
         assert retry.run_key == "orders:2:retry-1" and retry.tags[names.WRITER_RETRY_TAG] == "1"
@@ -252,11 +252,11 @@ def test_a_writer_run_failed_past_its_retries_is_requested_again_after_a_backoff
         # The file is back: the new request stages and commits the batch, and later batches commit.
         (tmp_path / new_file).rename(landing / new_file)
         assert _launch(instance, retry).status == dg.DagsterRunStatus.SUCCESS
-        assert StreamLedger(paths.staging("orders")).batch(2).committed is not None
-        land_round(config, paths, 2)
-        _run_in_process(config, instance)
+        assert lake.ledger("orders").batch(2).committed is not None
+        land_round(lake, 2)
+        _run_in_process(lake.config, instance)
 
-    assert invariant_violations(config, paths) == []
+    assert invariant_violations(lake) == []
 
 
 def test_the_writer_retry_backoff_doubles_up_to_ten_minutes():
@@ -272,58 +272,56 @@ def test_the_dagster_run_tags_the_sensor_reads_are_dagsters_own():
 # 5. A wiped staging ledger -----------------------------------------------------------------------
 
 
-def _wipe_ledgers(config, paths) -> None:
-    for stream in config.streams:
-        shutil.rmtree(paths.staging(stream.name))
+def _wipe_ledgers(lake) -> None:
+    for stream in lake.config.streams:
+        shutil.rmtree(lake.paths.staging(stream.name))
 
 
 @pytest.mark.spark
-def test_a_wiped_staging_ledger_batches_no_committed_landing_file_again(config, paths, instance):
-    land_round(config, paths, 1)
-    _run_in_process(config, instance)
+def test_a_wiped_staging_ledger_batches_no_committed_landing_file_again(lake, instance):
+    land_round(lake, 1)
+    _run_in_process(lake.config, instance)
 
-    _wipe_ledgers(config, paths)
-    land_round(config, paths, 2)
-    _run_in_process(config, instance)
+    _wipe_ledgers(lake)
+    land_round(lake, 2)
+    _run_in_process(lake.config, instance)
 
-    assert invariant_violations(config, paths) == []
-    for stream in config.streams:
-        table = load_committed_table(config, paths, stream.table_identifier)
-        landed = {f.name for f in list_landing_files(landing_dir(paths, stream))}
+    assert invariant_violations(lake) == []
+    for stream in lake.config.streams:
+        table = lake.table(stream.table_identifier)
+        landed = {f.name for f in list_landing_files(landing_dir(lake.paths, stream))}
         assert committed_landing_files(table, stream.name) == landed
 
 
 @pytest.mark.spark
-def test_a_ledger_wiped_after_expiry_batches_no_landing_file_again(config, paths, instance):
-    land_round(config, paths, 1)
-    _run_in_process(config, instance)
-    repository = build_definitions(config).get_repository_def()
+def test_a_ledger_wiped_after_expiry_batches_no_landing_file_again(lake, instance):
+    land_round(lake, 1)
+    _run_in_process(lake.config, instance)
+    repository = build_definitions(lake.config).get_repository_def()
     for identifier in TABLES:
         assert run_job(repository.get_job(names.maintenance_job_name(identifier)), instance).success
-    land_round(config, paths, 2)
-    _run_in_process(config, instance)
+    land_round(lake, 2)
+    _run_in_process(lake.config, instance)
     # The first rounds' commits expired: only the checkpoint names their landing files now.
-    for stream in config.streams:
-        table = load_committed_table(config, paths, stream.table_identifier)
+    for stream in lake.config.streams:
+        table = lake.table(stream.table_identifier)
         assert CHECKPOINT_PROPERTY in table.metadata.properties
         assert len(read_checkpoint(table.metadata).landing_files[stream.name]) >= 1
         assert min(s.sequence_number for s in table.metadata.snapshots) > 1
 
-    _wipe_ledgers(config, paths)
-    land_round(config, paths, 3)
-    _run_in_process(config, instance)
+    _wipe_ledgers(lake)
+    land_round(lake, 3)
+    _run_in_process(lake.config, instance)
 
-    assert invariant_violations(config, paths) == []
-    assert json.loads(
-        load_committed_table(config, paths, "sales.orders").current_snapshot().summary["lakehouse.landing-files"]
-    )
+    assert invariant_violations(lake) == []
+    assert json.loads(lake.table("sales.orders").current_snapshot().summary["lakehouse.landing-files"])
 
 
 @pytest.mark.spark
-def test_the_checkpoint_literal_keeps_any_landing_file_name(config, paths):
+def test_the_checkpoint_literal_keeps_any_landing_file_name(lake):
     odd_names = ["o'brien.ndjson", "back\\slash\\u0041.ndjson", 'caf\u00e9 "quoted".ndjson', "line\nbreak.ndjson"]
     text = Checkpoint(1, {"orders": 1}, landing_files={"orders": odd_names}).to_json()
 
-    [row] = lakehouse_session(config, paths).sql(f"SELECT {sql_string_literal(text)} AS text").collect()
+    [row] = lakehouse_session(lake).sql(f"SELECT {sql_string_literal(text)} AS text").collect()
 
     assert Checkpoint.from_json(row.text).landing_files == {"orders": odd_names}

@@ -1,0 +1,63 @@
+"""The handle on one lakehouse: its configuration, where its files live, and its catalog.
+
+Built once per run (``Lakehouse.from_env()``, or by the Dagster resource) and handed to engine
+functions instead of the configuration and the paths separately, as PyIceberg hands around its
+``Catalog``. It pickles (a Spark host call carries it); the catalog client it uses is cached per
+process and catalog settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+
+from lakehouse_assets import table_metadata
+from lakehouse_assets.batch_ledger import StreamLedger
+from lakehouse_assets.config import LakehouseConfig, StreamSpec, load_config
+from lakehouse_assets.paths import LakehousePaths
+
+
+@dataclass(frozen=True)
+class Lakehouse:
+    """One lakehouse as a run sees it: ``config`` (streams, catalog, Spark settings) and ``paths``
+    (the home and the storage root)."""
+
+    config: LakehouseConfig
+    paths: LakehousePaths
+
+    @classmethod
+    def from_env(cls) -> Lakehouse:
+        """The lakehouse of ``$LAKEHOUSE_CONFIG`` and ``$LAKEHOUSE_HOME`` (``$LAKEHOUSE_STORAGE_ROOT``)."""
+        return cls(load_config(), LakehousePaths.from_env())
+
+    def stream(self, name: str) -> StreamSpec:
+        """The stream called ``name``; ConfigError when there is none."""
+        return self.config.stream(name)
+
+    def ledger(self, stream_name: str) -> StreamLedger:
+        """The staging ledger of a stream (a routed table's stream included)."""
+        return StreamLedger(self.paths.staging(stream_name))
+
+    def source(self, stream: StreamSpec) -> Lakehouse:
+        """This lakehouse as an Iceberg source stream reads its source: through the source's own
+        catalog when it has one."""
+        return Lakehouse(self.config.source_catalog(stream), self.paths)
+
+    @property
+    def warehouse(self) -> str | None:
+        """The catalog's warehouse location (None when the catalog knows its own)."""
+        return table_metadata.warehouse_location(self.config.catalog, self.paths.warehouse)
+
+    def catalog(self) -> Catalog:
+        """PyIceberg's client of catalog ``lake`` (not for the hadoop catalog, which has none)."""
+        return table_metadata.catalog_client(self.config.catalog, self.warehouse)
+
+    def metadata_location(self, identifier: str) -> str | None:
+        """The table's current metadata file, or None when the table does not exist."""
+        return table_metadata.current_metadata_location(self.config.catalog, self.warehouse, identifier)
+
+    def table(self, identifier: str) -> Table | None:
+        """The table as last committed, read-only, or None when it does not exist."""
+        return table_metadata.load_committed_table(self.config.catalog, self.warehouse, identifier)
