@@ -80,12 +80,12 @@ def main() -> None:
 
     import pyspark
 
-    from lakehouse_assets.committer import commit_table
-    from lakehouse_assets.landing import land_events
-    from lakehouse_assets.micro_batching import mint_next_batch
-    from lakehouse_assets.publishing import publish_table
-    from lakehouse_assets.spark import lakehouse_session
-    from lakehouse_assets.staging import stage_batch
+    from lakehouse_assets.commit.committer import commit_table
+    from lakehouse_assets.commit.publishing import publish_table
+    from lakehouse_assets.engine.spark import lakehouse_session
+    from lakehouse_assets.ingest.landing import land_events
+    from lakehouse_assets.ingest.micro_batching import mint_next_batch
+    from lakehouse_assets.ingest.staging import stage_batch
 
     lake = Lakehouse.from_env()
     spark = lakehouse_session(lake)

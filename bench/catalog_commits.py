@@ -67,7 +67,7 @@ def _rounds(rounds: int, orders: int, changes: int) -> list[float]:
     import dagster as dg
 
     from lakehouse_assets.definitions import build_definitions
-    from lakehouse_assets.landing import land_events
+    from lakehouse_assets.ingest.landing import land_events
     from lakehouse_assets.runner import run_until_idle
 
     lake = Lakehouse.from_env()
@@ -90,8 +90,8 @@ def _rounds(rounds: int, orders: int, changes: int) -> list[float]:
 
 
 def _pass_branch_steps(samples: int) -> dict[str, list[float]]:
-    from lakehouse_assets.pass_branches import drop_pass_branch, open_pass_branch, publish_pass_branch
-    from lakehouse_assets.spark import lakehouse_session
+    from lakehouse_assets.commit.pass_branches import drop_pass_branch, open_pass_branch, publish_pass_branch
+    from lakehouse_assets.engine.spark import lakehouse_session
 
     lake = Lakehouse.from_env()
     spark = lakehouse_session(lake)

@@ -64,8 +64,8 @@ def main() -> None:
     import pyspark
     from pyspark.sql import functions as F
 
-    from lakehouse_assets.iceberg_source import snapshot_changes
-    from lakehouse_assets.spark import lakehouse_session
+    from lakehouse_assets.engine.spark import lakehouse_session
+    from lakehouse_assets.source.iceberg_source import snapshot_changes
 
     lake = Lakehouse.from_env()
     spark = lakehouse_session(lake)

@@ -430,7 +430,7 @@ class TablePoller(threading.Thread):
 
     def read_total(self) -> int:
         """The current snapshot's total-records, 0 before the table or its first snapshot exists."""
-        from lakehouse_assets.table_metadata import load_committed_table
+        from lakehouse_assets.catalog.table_metadata import load_committed_table
 
         table = load_committed_table(self.config, self.paths, TABLE)
         snapshot = table.current_snapshot() if table else None
@@ -610,7 +610,7 @@ def stop_dagster(process: subprocess.Popen[bytes], work: Workdir) -> list[int]:
 
 def verify_exactly_once(expected: int, first_id: int, last_id: int) -> dict[str, Any]:
     """Count rows, distinct ids and the id range of the committed snapshot with DuckDB."""
-    from lakehouse_assets.duck import iceberg_connection, scan
+    from lakehouse_assets.quality.duck import iceberg_connection, scan
 
     lake = Lakehouse.from_env()
     location = lake.metadata_location(TABLE)

@@ -63,10 +63,10 @@ def _use_home(directory: Path, streams: list[dict]) -> None:
 
 def _commit_events(spark, lines: list[str], stream_name: str):
     """Land, mint, stage and commit one batch through the pipeline's own functions."""
-    from lakehouse_assets.committer import commit_table
-    from lakehouse_assets.landing import land_events
-    from lakehouse_assets.micro_batching import mint_next_batch
-    from lakehouse_assets.staging import stage_batch
+    from lakehouse_assets.commit.committer import commit_table
+    from lakehouse_assets.ingest.landing import land_events
+    from lakehouse_assets.ingest.micro_batching import mint_next_batch
+    from lakehouse_assets.ingest.staging import stage_batch
 
     lake = Lakehouse.from_env()
     stream = lake.stream(stream_name)
@@ -78,7 +78,7 @@ def _commit_events(spark, lines: list[str], stream_name: str):
 
 
 def _query_seconds(identifier: str) -> dict[str, float]:
-    from lakehouse_assets.duck import iceberg_connection, scan
+    from lakehouse_assets.quality.duck import iceberg_connection, scan
 
     lake = Lakehouse.from_env()
     location = lake.metadata_location(identifier)
@@ -100,13 +100,13 @@ def _query_seconds(identifier: str) -> dict[str, float]:
 
 
 def _figures(identifier: str) -> dict:
-    from lakehouse_assets.table_stats import table_stats
+    from lakehouse_assets.quality.table_stats import table_stats
 
     return table_stats(Lakehouse.from_env().table(identifier))
 
 
 def _maintain(spark, identifier: str) -> float:
-    from lakehouse_assets.maintenance import maintain_table
+    from lakehouse_assets.ops.maintenance import maintain_table
 
     started = time.perf_counter()
     maintain_table(spark, Lakehouse.from_env(), identifier)
@@ -114,7 +114,7 @@ def _maintain(spark, identifier: str) -> float:
 
 
 def query_latency(workdir: Path, change_batches: int, rows: int, changes: int) -> None:
-    from lakehouse_assets.spark import lakehouse_session
+    from lakehouse_assets.engine.spark import lakehouse_session
 
     _use_home(workdir / "queries", [CUSTOMERS])
     spark = lakehouse_session(Lakehouse.from_env())
@@ -147,7 +147,7 @@ def query_latency(workdir: Path, change_batches: int, rows: int, changes: int) -
 
 
 def commit_latency(workdir: Path, commits: int) -> None:
-    from lakehouse_assets.spark import lakehouse_session
+    from lakehouse_assets.engine.spark import lakehouse_session
 
     print(f"\ncommit latency over {commits} commits of 100 rows")
     print("home | first 10 mean s | last 10 mean s | last/first | snapshots | metadata bytes | maintenance s")

@@ -42,7 +42,7 @@ import sys, time
 started = time.perf_counter()
 from pyspark.sql import functions as F
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.spark import lakehouse_session
+from lakehouse_assets.engine.spark import lakehouse_session
 spark = lakehouse_session(Lakehouse.from_env())
 schema = "tenant string, id long, amount double, ts timestamp"
 events = spark.read.schema(schema).json(sys.argv[1:]).cache()
@@ -94,7 +94,7 @@ def setup(workdir: Path) -> dict[str, str]:
 def landed_files(payload: list[str]) -> list[str]:
     """Land ``payload`` in the router's landing directory, as ``lakehouse ingest`` does."""
     from lakehouse_assets.config import load_config
-    from lakehouse_assets.landing import land_events, landing_dir, list_landing_files
+    from lakehouse_assets.ingest.landing import land_events, landing_dir, list_landing_files
     from lakehouse_assets.paths import LakehousePaths
 
     stream = load_config().stream(STREAM)
@@ -116,8 +116,8 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, str]:
 
 def verify(payload: list[str], tables: int) -> int:
     """DuckDB's row count and distinct ids of every routed table against the oracle; the events found."""
-    from lakehouse_assets.duck import iceberg_connection, scan
     from lakehouse_assets.lakehouse import Lakehouse
+    from lakehouse_assets.quality.duck import iceberg_connection, scan
 
     lake = Lakehouse.from_env()
     expected = Counter(json.loads(line)["tenant"] for line in payload)

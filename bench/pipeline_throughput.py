@@ -68,7 +68,7 @@ BARE_APPEND = """
 import sys, time
 started = time.perf_counter()
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.spark import lakehouse_session
+from lakehouse_assets.engine.spark import lakehouse_session
 spark = lakehouse_session(Lakehouse.from_env())
 schema = "order_id long, customer_id long, amount double, currency string, status string, ts timestamp"
 spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.baseline")
@@ -106,9 +106,9 @@ def main() -> None:
     import dagster as dg
     import pyspark
 
-    from lakehouse_assets.duck import iceberg_connection, scan
+    from lakehouse_assets.ingest.landing import land_events, landing_dir, list_landing_files
     from lakehouse_assets.lakehouse import Lakehouse
-    from lakehouse_assets.landing import land_events, landing_dir, list_landing_files
+    from lakehouse_assets.quality.duck import iceberg_connection, scan
 
     lake = Lakehouse.from_env()
     stream = lake.stream("bench_orders")

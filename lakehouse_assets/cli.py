@@ -8,21 +8,21 @@ import sys
 
 import dagster as dg
 
-from lakehouse_assets.checks import current_snapshot
+from lakehouse_assets.catalog.tables import require_static_tables
 from lakehouse_assets.config import LakehouseConfig, load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import blocking_check_names
 from lakehouse_assets.demo import run_demo
 from lakehouse_assets.errors import ConfigError, LakehouseError
-from lakehouse_assets.iceberg_source import forget_cursor
+from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.landing import land_events
+from lakehouse_assets.ops.replay import replay_dead_letters
+from lakehouse_assets.ops.status import lakehouse_status
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.replay import replay_dead_letters
+from lakehouse_assets.quality.checks import current_snapshot
 from lakehouse_assets.runner import dagster_instance, run_job, run_pipeline_until_idle
-from lakehouse_assets.status import lakehouse_status
-from lakehouse_assets.tables import require_static_tables
+from lakehouse_assets.source.iceberg_source import forget_cursor
 
 
 def _ingest(args: argparse.Namespace) -> int:

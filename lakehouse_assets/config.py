@@ -25,9 +25,9 @@ from pydantic import (
     model_validator,
 )
 
-from lakehouse_assets.catalogs import HADOOP, catalog_type, check_catalog
+from lakehouse_assets.catalog.catalogs import HADOOP, catalog_type, check_catalog
+from lakehouse_assets.catalog.iceberg_types import IcebergType, parse_type, type_name
 from lakehouse_assets.errors import ConfigError
-from lakehouse_assets.iceberg_types import IcebergType, parse_type, type_name
 from lakehouse_assets.paths import LakehousePaths
 
 CONFIG_ENV = "LAKEHOUSE_CONFIG"
@@ -489,7 +489,7 @@ class StreamSpec(_Strict):
 
 class SparkHostSpec(_Strict):
     """The Spark host: one warm Spark driver shared by the Dagster runs of a lakehouse home
-    (``lakehouse_assets.spark_host``), instead of a Spark JVM started by every run."""
+    (``lakehouse_assets.engine.spark_host``), instead of a Spark JVM started by every run."""
 
     enabled: bool = True
     idle_timeout: Duration = Field(default=600.0, gt=0)

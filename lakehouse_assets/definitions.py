@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from lakehouse_assets.catalog.tables import require_static_tables
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import complete_days_asset, router_asset, staged_batches_asset, table_asset
@@ -23,7 +24,6 @@ from lakehouse_assets.defs.routed_tables import (
 )
 from lakehouse_assets.defs.sensors import landing_sensor, staged_batches_sensor
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.tables import require_static_tables
 
 
 def build_definitions(config: LakehouseConfig) -> dg.Definitions:

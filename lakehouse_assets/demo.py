@@ -8,11 +8,11 @@ import random
 from datetime import datetime, timedelta, timezone
 
 from lakehouse_assets.definitions import build_definitions
-from lakehouse_assets.duck import iceberg_connection, scan
+from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.landing import land_events
+from lakehouse_assets.ops.status import lakehouse_status
+from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets.runner import dagster_instance, run_until_idle
-from lakehouse_assets.status import lakehouse_status
 
 DEMO_SEED = 7
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from lakehouse_assets import table_metadata
-from lakehouse_assets.batch_ledger import StreamLedger
+from lakehouse_assets.catalog import table_metadata
 from lakehouse_assets.config import LakehouseConfig, StreamSpec, load_config
+from lakehouse_assets.ingest.batch_ledger import StreamLedger
 from lakehouse_assets.paths import LakehousePaths
 
 

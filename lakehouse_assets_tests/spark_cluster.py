@@ -25,7 +25,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
-from lakehouse_assets.java_runtime import ensure_java_home
+from lakehouse_assets.engine.java_runtime import ensure_java_home
 
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_SECONDS = 90.0

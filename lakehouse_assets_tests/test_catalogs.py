@@ -2,12 +2,16 @@
 
 import pytest
 
-from lakehouse_assets.catalogs import pyiceberg_catalog_properties, spark_catalog_properties, without_credentials
+from lakehouse_assets.catalog.catalogs import (
+    pyiceberg_catalog_properties,
+    spark_catalog_properties,
+    without_credentials,
+)
 from lakehouse_assets.config import parse_config
+from lakehouse_assets.engine.spark import catalog_conf, static_spark_conf
 from lakehouse_assets.errors import ConfigError
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.spark import catalog_conf, static_spark_conf
 
 STREAMS = [{"name": "s", "table_identifier": "a.b", "schema": {"columns": [{"name": "x", "type": "long"}]}}]
 JDBC = {

@@ -10,10 +10,10 @@ import dagster as dg
 import pytest
 import yaml
 
+from lakehouse_assets.engine.spark import lakehouse_session
+from lakehouse_assets.ingest.landing import landing_dir, write_landing_file
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.landing import landing_dir, write_landing_file
 from lakehouse_assets.runner import run_pipeline_until_idle
-from lakehouse_assets.spark import lakehouse_session
 
 pytestmark = pytest.mark.spark
 

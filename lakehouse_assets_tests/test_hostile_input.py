@@ -8,14 +8,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lakehouse_assets.committer import commit_table
+from lakehouse_assets.commit.committer import commit_table
 from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.engine.spark import lakehouse_session
+from lakehouse_assets.ingest.landing import land_events, landing_dir
+from lakehouse_assets.ingest.micro_batching import mint_next_batch
+from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.landing import land_events, landing_dir
-from lakehouse_assets.micro_batching import mint_next_batch
 from lakehouse_assets.runner import run_pipeline_until_idle, run_until_idle
-from lakehouse_assets.spark import lakehouse_session
-from lakehouse_assets.staging import stage_batch
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
@@ -266,7 +266,7 @@ def _debezium(op: str, key: int, name: str | None, lsn: int) -> str:
 
 
 def _stale_counts(lake):
-    from lakehouse_assets import summary_keys
+    from lakehouse_assets.commit import summary_keys
 
     table = lake.table("crm.customers")
     return [

@@ -1,7 +1,7 @@
 import pytest
 
 from lakehouse_assets.errors import IngestError
-from lakehouse_assets.landing import land_events, landing_dir, list_landing_files
+from lakehouse_assets.ingest.landing import land_events, landing_dir, list_landing_files
 from lakehouse_assets_tests.conftest import order_event
 
 

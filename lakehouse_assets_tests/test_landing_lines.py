@@ -5,10 +5,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lakehouse_assets.conversion import read_landing_lines
+from lakehouse_assets.engine.spark import lakehouse_session
+from lakehouse_assets.ingest.conversion import read_landing_lines
+from lakehouse_assets.ingest.staged_format import EVENT_COLUMN, LINE_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.spark import lakehouse_session
-from lakehouse_assets.staged_format import EVENT_COLUMN, LINE_COLUMN, SOURCE_FILE_COLUMN
 
 pytestmark = pytest.mark.spark
 

@@ -7,15 +7,15 @@ import time
 import dagster as dg
 import pytest
 
-from lakehouse_assets.batch_ledger import StreamLedger
 from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
+from lakehouse_assets.ingest.batch_ledger import StreamLedger
+from lakehouse_assets.ingest.landing import land_events, landing_dir, list_landing_files
+from lakehouse_assets.ingest.landing_retention import remove_committed_landing_files
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.landing import land_events, landing_dir, list_landing_files
-from lakehouse_assets.landing_retention import remove_committed_landing_files
+from lakehouse_assets.quality.table_stats import table_stats
 from lakehouse_assets.runner import run_job, run_until_idle
-from lakehouse_assets.table_stats import table_stats
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
 
 pytestmark = pytest.mark.spark

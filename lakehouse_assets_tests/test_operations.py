@@ -6,15 +6,15 @@ import time
 import dagster as dg
 import pytest
 
-from lakehouse_assets.batch_ledger import CommittedBatch, StreamLedger
 from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
+from lakehouse_assets.ingest.batch_ledger import CommittedBatch, StreamLedger
+from lakehouse_assets.ingest.landing import land_events, landing_dir, list_landing_files
+from lakehouse_assets.ingest.micro_batching import mint_next_batch, pending_files
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.landing import land_events, landing_dir, list_landing_files
-from lakehouse_assets.micro_batching import mint_next_batch, pending_files
+from lakehouse_assets.ops.status import lakehouse_status
 from lakehouse_assets.runner import run_job, run_until_idle
-from lakehouse_assets.status import lakehouse_status
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
 from lakehouse_assets_tests.test_sensors import _tick
 

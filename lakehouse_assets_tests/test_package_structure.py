@@ -46,6 +46,35 @@ def test_no_module_imports_itself_through_others():
     assert cycles == []
 
 
+ENGINE_PACKAGES = ["ingest", "commit", "quality", "catalog", "engine", "source"]
+ENGINE_MODULES = [
+    "lakehouse.py",
+    "config.py",
+    "paths.py",
+    "errors.py",
+    "faults.py",
+    "ops/maintenance.py",
+    "ops/replay.py",
+]
+
+
+def _all_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_the_engine_imports_no_dagster():
+    engine = [path for package in ENGINE_PACKAGES for path in (PACKAGE / package).rglob("*.py")]
+    engine += [PACKAGE / module for module in ENGINE_MODULES]
+    importing = [_module_name(path) for path in engine if any(m.split(".")[0] == "dagster" for m in _all_imports(path))]
+    assert len(engine) > 45 and importing == []
+
+
 def test_no_function_takes_the_configuration_and_the_paths_instead_of_the_handle():
     both = []
     for path in PACKAGE.rglob("*.py"):
@@ -80,7 +109,7 @@ def test_importing_the_code_location_reads_no_file(tmp_path):
 def test_the_duckdb_checks_import_no_pyspark(tmp_path):
     completed = _python(
         "import sys\n"
-        "import lakehouse_assets.checks\n"
+        "import lakehouse_assets.quality.checks\n"
         "print(sorted(m for m in sys.modules if m.startswith(('pyspark', 'py4j'))))\n",
         tmp_path,
     )

@@ -9,11 +9,11 @@ import pytest
 from lakehouse_assets import faults
 from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.engine.spark import lakehouse_session
+from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.landing import land_events
-from lakehouse_assets.replay import replay_dead_letters
+from lakehouse_assets.ops.replay import replay_dead_letters
 from lakehouse_assets.runner import run_until_idle
-from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets_tests.conftest import write_config
 from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse_process
 

@@ -10,7 +10,7 @@ from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.defs.sensors import landing_sensor_interval
-from lakehouse_assets.landing import land_events
+from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets_tests.conftest import order_event
 
 

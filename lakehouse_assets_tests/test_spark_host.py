@@ -8,16 +8,16 @@ import dagster as dg
 import pytest
 
 from lakehouse_assets import faults
-from lakehouse_assets.committer import commit_table
+from lakehouse_assets.commit.committer import commit_table
+from lakehouse_assets.commit.recovery import lakehouse_commits
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
+from lakehouse_assets.engine.spark_host import SparkHostError, call_on_host, host_pid
 from lakehouse_assets.errors import LakehouseError
-from lakehouse_assets.landing import land_events
-from lakehouse_assets.micro_batching import mint_next_batch
-from lakehouse_assets.recovery import lakehouse_commits
-from lakehouse_assets.spark_host import SparkHostError, call_on_host, host_pid
-from lakehouse_assets.staging import stage_batch
+from lakehouse_assets.ingest.landing import land_events
+from lakehouse_assets.ingest.micro_batching import mint_next_batch
+from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets_tests.conftest import order_event
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import dagster as dg
 
-from lakehouse_assets import checks
-from lakehouse_assets.batch_ledger import StreamLedger
+from lakehouse_assets.catalog.tables import identifier_columns
+from lakehouse_assets.commit.dead_letters import dead_letter_identifier
+from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.config import StreamSpec
-from lakehouse_assets.dead_letters import dead_letter_identifier
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import blocking_check_names, blocking_expectations
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.duck import iceberg_connection
-from lakehouse_assets.lag import stream_lag_seconds
-from lakehouse_assets.locks import exclusive_lock, table_lock_file
-from lakehouse_assets.tables import identifier_columns
+from lakehouse_assets.ingest.batch_ledger import StreamLedger
+from lakehouse_assets.quality import checks
+from lakehouse_assets.quality.duck import iceberg_connection
+from lakehouse_assets.quality.lag import stream_lag_seconds
 
 
 @dataclass(frozen=True)

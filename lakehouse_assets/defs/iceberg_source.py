@@ -6,8 +6,8 @@ import dagster as dg
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
-from lakehouse_assets.iceberg_source import emit_source_changes, load_source_table, read_cursor
-from lakehouse_assets.search_export import export_bulk_files
+from lakehouse_assets.source.iceberg_source import emit_source_changes, load_source_table, read_cursor
+from lakehouse_assets.source.search_export import export_bulk_files
 
 
 def source_assets(stream: StreamSpec) -> list[dg.AssetsDefinition]:

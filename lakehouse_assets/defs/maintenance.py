@@ -6,8 +6,8 @@ import dagster as dg
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
-from lakehouse_assets.maintenance import MaintenanceStep, maintain_table
-from lakehouse_assets.table_stats import table_stats
+from lakehouse_assets.ops.maintenance import MaintenanceStep, maintain_table
+from lakehouse_assets.quality.table_stats import table_stats
 
 
 def _numeric_counts(step: MaintenanceStep) -> dict[str, int | float]:

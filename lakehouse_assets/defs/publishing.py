@@ -9,13 +9,13 @@ can never publish a snapshot that was not checked.
 
 import dagster as dg
 
+from lakehouse_assets.commit.publishing import discard_audited, publish_table
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import checks_not_passed
 from lakehouse_assets.defs.checks import materialized_target
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import PublishRefusedError
-from lakehouse_assets.publishing import discard_audited, publish_table
 
 
 def published_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDefinition:

@@ -7,9 +7,9 @@ from typing import Any
 
 import dagster as dg
 
+from lakehouse_assets.engine.spark import lakehouse_session
+from lakehouse_assets.engine.spark_host import call_on_host
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.spark import lakehouse_session
-from lakehouse_assets.spark_host import call_on_host
 
 
 class LakehouseResource(dg.ConfigurableResource):

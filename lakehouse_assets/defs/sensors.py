@@ -4,16 +4,16 @@ import time
 
 import dagster as dg
 
-from lakehouse_assets.batch_ledger import MintedBatch
-from lakehouse_assets.branches import audit_state
-from lakehouse_assets.committer import plan_commit, seconds_until_commit_due
+from lakehouse_assets.commit.branches import audit_state
+from lakehouse_assets.commit.committer import plan_commit, seconds_until_commit_due
+from lakehouse_assets.commit.recovery import committed_state
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import StagedBatchConfig
 from lakehouse_assets.defs.check_status import failed_checks
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.micro_batching import mint_next_batch
-from lakehouse_assets.recovery import committed_state
+from lakehouse_assets.ingest.batch_ledger import MintedBatch
+from lakehouse_assets.ingest.micro_batching import mint_next_batch
 
 MAX_BATCHES_PER_TICK = 16
 SENSOR_DAEMON_LOOP_SECONDS = 5

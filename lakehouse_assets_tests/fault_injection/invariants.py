@@ -21,13 +21,14 @@ from pathlib import Path
 
 from pyiceberg.table.snapshots import ancestors_of
 
-from lakehouse_assets import checks, summary_keys
-from lakehouse_assets.dead_letters import dead_letter_identifier, replayed_keys
-from lakehouse_assets.duck import iceberg_connection, manifest_entries, scan
+from lakehouse_assets.commit import summary_keys
+from lakehouse_assets.commit.dead_letters import dead_letter_identifier, replayed_keys
+from lakehouse_assets.commit.recovery import committed_landing_files, committed_state, lakehouse_commits
+from lakehouse_assets.ingest.landing import landing_dir, list_landing_files
+from lakehouse_assets.ingest.staged_format import DELETE, OPERATION_BY_NAME
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.landing import landing_dir, list_landing_files
-from lakehouse_assets.recovery import committed_landing_files, committed_state, lakehouse_commits
-from lakehouse_assets.staged_format import DELETE, OPERATION_BY_NAME
+from lakehouse_assets.quality import checks
+from lakehouse_assets.quality.duck import iceberg_connection, manifest_entries, scan
 
 
 def _landed_events(lake: Lakehouse, stream: str) -> list[dict]:

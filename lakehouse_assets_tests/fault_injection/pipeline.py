@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from lakehouse_assets import faults
+from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.landing import land_events
 
 ORDERS = {
     "name": "orders",

@@ -12,12 +12,13 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from lakehouse_assets import faults, summary_keys
+from lakehouse_assets import faults
+from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
+from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.runner import IN_PROCESS_SPARK
-from lakehouse_assets.spark import lakehouse_session
 from lakehouse_assets_tests.fault_injection.invariants import each_batch_committed_once, invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
     kill_at_then_restart,
@@ -92,9 +93,9 @@ def test_two_pipelines_at_once_commit_each_batch_once(lake, tmp_path):
 
 
 STALE_COMMITTER = """
-from lakehouse_assets.committer import commit_table
+from lakehouse_assets.commit.committer import commit_table
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.spark import lakehouse_session
+from lakehouse_assets.engine.spark import lakehouse_session
 lake = Lakehouse.from_env()
 outcome = commit_table(lakehouse_session(lake), lake, "sales.orders", "stale-committer")
 print("FENCED:", outcome.fenced)

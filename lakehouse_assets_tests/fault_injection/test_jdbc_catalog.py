@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from lakehouse_assets import faults
+from lakehouse_assets.engine.spark import DRIVER_MEMORY_ENV, MASTER_ENV
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import STORAGE_ROOT_ENV
-from lakehouse_assets.spark import DRIVER_MEMORY_ENV, MASTER_ENV
 from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
 from lakehouse_assets_tests.fault_injection.invariants import each_batch_committed_once, invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (

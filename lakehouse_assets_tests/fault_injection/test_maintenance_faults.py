@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from lakehouse_assets import faults
-from lakehouse_assets.recovery import CHECKPOINT_PROPERTY, committed_state
-from lakehouse_assets.spark import lakehouse_session
+from lakehouse_assets.commit.recovery import CHECKPOINT_PROPERTY, committed_state
+from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
     land_round,

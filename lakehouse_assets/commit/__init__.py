@@ -1,0 +1,1 @@
+"""From staged batches to Iceberg commits: recovery, fencing, summary keys, dead letters, audit branches."""

@@ -1,0 +1,535 @@
+"""How staged batches are committed: recover from the ancestry, fence stale committers, publish.
+
+A committer pass over one table:
+
+1. reads the table's current snapshot (its expected base) and takes an epoch one above every
+   epoch in the ancestry, then takes the table's OS lock;
+2. is fenced (stops without committing) if, under the lock, the table moved from that base or a
+   newer committer appears in the ancestry;
+3. per stream, reads the highest committed sequence from the current snapshot ancestry (walking
+   parents, so a rolled-back batch is committed again), marks staged batches at or below it
+   committed without committing them again, and takes the contiguous staged batches above it (a
+   missing batch stops the stream with an error naming it);
+4. appends their dead letters to the dead-letter table, then publishes their rows: one append for
+   all ready batches of an append stream, one MERGE per batch, in order, for a change stream.
+   Under ``publish: audit`` the rows go to the table's audit branch instead (and only while it
+   holds nothing main lacks), and the dead letters wait for the publish (``publishing``).
+   Every commit carries the ``lakehouse.*`` summary keys; each table's own ancestry says whether
+   its part is already done, so a crash between the two commits is completed, not repeated;
+5. decides whether a commit landed only by re-reading the ancestry, whatever the write call
+   reported, and retries a conflicting commit itself after re-reading (Iceberg's own retry is off);
+6. records the bookkeeping. Staged Parquet is removed by the next pass, under the lock, so this
+   pass's checks (which read it holding the lock) can read the batches; a batch whose Parquet is
+   gone but which the ancestry no longer holds (a rollback) is staged again from its landing files.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
+from functools import partial, reduce
+
+from pyiceberg.table import Table
+from pyspark.sql import DataFrame, SparkSession
+
+from lakehouse_assets import faults
+from lakehouse_assets.catalog.table_metadata import (
+    qualified_name,
+)
+from lakehouse_assets.catalog.tables import identifier_columns
+from lakehouse_assets.commit import summary_keys
+from lakehouse_assets.commit.branches import AuditState, audit_state, sync_audit_branch
+from lakehouse_assets.commit.dead_letters import commit_dead_letters
+from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
+from lakehouse_assets.commit.pass_branches import (
+    abandoned_pass_branches,
+    drop_pass_branch,
+    uses_pass_branches,
+    written_on_pass_branch,
+)
+from lakehouse_assets.commit.recovery import (
+    AUDIT_BRANCH,
+    MAIN_BRANCH,
+    branch_head,
+    committed_state,
+    lakehouse_commits,
+    next_epoch,
+    table_history,
+)
+from lakehouse_assets.commit.table_writes import ChangeCounts, append_rows, count_changes, merge_changes
+from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.errors import CommitOutcomeUnknownError, FencedError, SequenceGapError
+from lakehouse_assets.faults import crash_point
+from lakehouse_assets.ingest.batch_ledger import BatchRecord, CommittedBatch, StreamLedger
+from lakehouse_assets.ingest.conversion import accepted_rows
+from lakehouse_assets.ingest.schema_evolution import (
+    add_missing_columns,
+    columns_added_since_last_snapshot,
+    proposed_fields,
+)
+from lakehouse_assets.ingest.staging import stage_batch
+from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.quality.completeness import count_late_events, next_watermark
+
+COMMIT_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What one commit published, for metadata, logs and checks."""
+
+    table: str
+    stream: str
+    kind: str
+    snapshot_id: int
+    metadata_location: str
+    first_sequence: int
+    last_sequence: int
+    rows: int
+    inserted: int
+    updated: int
+    deleted: int
+    dead_letters: int
+    data_files_added: int
+    delete_files_added: int
+    commit_latency_seconds: float
+    end_to_end_seconds: float
+    max_event_time: str | None
+    watermark: str | None
+    late_events: int
+    schema_change: dict[str, str]
+    epoch: int
+    schema_change_batches: dict[str, int] = field(default_factory=dict)
+    source_snapshot: str | None = None
+    """For an Iceberg source stream: the newest source snapshot this commit applied."""
+    stale_changes: int = 0
+    """Changes skipped because the row already held a newer one (``StreamSpec.order_column``)."""
+
+
+@dataclass(frozen=True)
+class CommitPlan:
+    """What a committer pass found for one stream before committing anything."""
+
+    stream: str
+    committed_sequence: int
+    ready: list[BatchRecord]
+    recovered: list[int] = field(default_factory=list)
+    waiting_on: str | None = None
+
+
+def plan_commit(ledger: StreamLedger, stream: str, committed_sequence: int) -> CommitPlan:
+    """Which staged batches come next, in order, given what the ancestry says is committed."""
+    records = ledger.batches()
+    recovered = [r.sequence for r in records if r.sequence <= committed_sequence and not r.committed]
+    ready: list[BatchRecord] = []
+    waiting_on = None
+    expected = committed_sequence + 1
+    for record in (r for r in records if r.sequence > committed_sequence):
+        if record.sequence != expected:
+            raise SequenceGapError(
+                f"stream {stream!r}: batch {expected} is missing from the staging ledger but batch "
+                f"{record.sequence} exists; later batches cannot commit until {expected} is restored"
+            )
+        if record.staged is None:
+            waiting_on = f"batch {record.sequence} is minted but not staged yet"
+            break
+        ready.append(record)
+        expected += 1
+    return CommitPlan(stream, committed_sequence, ready, recovered, waiting_on)
+
+
+def seconds_until_commit_due(table: Table | None, streams: list[StreamSpec], now: float | None = None) -> float:
+    """How long the table's next commit must wait for ``commit_interval`` (the shortest of its
+    streams') since its current snapshot; 0 when a commit may happen now."""
+    current = table.current_snapshot() if table else None
+    if current is None:
+        return 0.0
+    since_commit = (time.time() if now is None else now) - current.timestamp_ms / 1000
+    return max(0.0, min(stream.commit_interval for stream in streams) - since_commit)
+
+
+@dataclass
+class CommitterPass:
+    """One committer pass over one table: its engine, epoch and the table state it expects."""
+
+    spark: SparkSession
+    lake: Lakehouse
+    table_identifier: str
+    run_id: str
+    epoch: int
+    expected_snapshot_id: int | None
+    branch: str = MAIN_BRANCH
+    """The branch commits go to: main, the audit branch of a table published with ``publish:
+    audit``, or this pass's own branch on a catalog that fences across hosts (``pass_branches``)."""
+    target: str = MAIN_BRANCH
+    """The branch this pass publishes to: main, or the audit branch."""
+
+    @classmethod
+    def begin(
+        cls,
+        spark: SparkSession,
+        lake: Lakehouse,
+        table_identifier: str,
+        run_id: str,
+        branch: str = MAIN_BRANCH,
+    ) -> CommitterPass:
+        """A pass over the table as it is now: an epoch above every epoch in its branch's ancestry,
+        and the branch's head as the base it expects."""
+        table = lake.table(table_identifier)
+        head = branch_head(table, branch)
+        return cls(
+            spark=spark,
+            lake=lake,
+            table_identifier=table_identifier,
+            run_id=run_id,
+            epoch=next_epoch(table, branch),
+            expected_snapshot_id=head.snapshot_id if head else None,
+            branch=branch,
+            target=branch,
+        )
+
+    @property
+    def stamp(self) -> summary_keys.CommitStamp:
+        return summary_keys.CommitStamp(self.epoch, self.run_id)
+
+    def table(self) -> Table | None:
+        return self.lake.table(self.table_identifier)
+
+    def check_fence(self) -> None:
+        """Raise FencedError when the branch moved from the expected base or a newer committer wrote."""
+        table = self.table()
+        head = branch_head(table, self.branch)
+        current = head.snapshot_id if head else None
+        if current != self.expected_snapshot_id:
+            raise FencedError(
+                f"table {self.table_identifier} ({self.branch}) moved from snapshot {self.expected_snapshot_id} to "
+                f"{current} since this committer planned; stopping without committing"
+            )
+        for commit in lakehouse_commits(table, self.branch):
+            if commit.epoch > self.epoch or (commit.epoch == self.epoch and commit.run != self.run_id):
+                raise FencedError(
+                    f"table {self.table_identifier}: committer run {commit.run} with epoch {commit.epoch} "
+                    f"committed after this one (epoch {self.epoch}) started; stopping without committing"
+                )
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    """What a committer pass found and did."""
+
+    plans: list[CommitPlan]
+    results: list[CommitResult]
+    fenced: str | None = None
+    awaiting_publish: AuditState | None = None
+    """Under ``publish: audit``: the audit branch holds commits main does not, so nothing new was committed."""
+
+
+def _ensure_staged_data(committer: CommitterPass, stream: StreamSpec, record: BatchRecord) -> BatchRecord:
+    """The batch with its staged Parquet, staging it again from its landing files if it is gone."""
+    if record.events_path().is_dir():
+        return record
+    ledger = committer.lake.ledger(stream.name)
+    ledger.reset_to_minted(record.sequence)
+    stage_batch(committer.spark, committer.lake, stream, record.sequence, run_id=committer.run_id)
+    return ledger.batch(record.sequence)
+
+
+def _has_ready_batches(committer: CommitterPass, streams: list[StreamSpec]) -> bool:
+    """Whether any stream has a staged batch above what the target's ancestry holds (or a gap,
+    which its stream's commit reports)."""
+    table = committer.table()
+    for stream in streams:
+        committed = committed_state(table, stream.name, committer.target).sequence
+        try:
+            if plan_commit(committer.lake.ledger(stream.name), stream.name, committed).ready:
+                return True
+        except SequenceGapError:
+            return True
+    return False
+
+
+def _is_commit_conflict(error: Exception) -> bool:
+    return "CommitFailedException" in str(error)
+
+
+def _write_until_landed(
+    committer: CommitterPass, stream: StreamSpec, last_sequence: int, write: Callable[[], None]
+) -> Table:
+    """Run ``write`` until the ancestry shows ``last_sequence``; returns the table as committed.
+
+    Only the ancestry decides: a write that raised may have landed (the catalog failed after the
+    commit), and one that returned is confirmed. A commit conflict is retried after re-reading.
+    """
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        committer.check_fence()
+        crash_point(faults.COMMITTER_BEFORE_COMMIT)
+        try:
+            write()
+            crash_point(faults.COMMITTER_AFTER_WRITE)
+            error = None
+        except Exception as raised:  # noqa: BLE001 - py4j errors of any kind; the ancestry decides below
+            error = raised
+        confirmed = committer.table()
+        if committed_state(confirmed, stream.name, committer.branch).sequence >= last_sequence:
+            return confirmed
+        if error is None:
+            raise CommitOutcomeUnknownError(
+                f"table {committer.table_identifier}: the commit of batch {last_sequence} returned but the ancestry "
+                "does not show it; staged data is kept for the next run"
+            )
+        if not _is_commit_conflict(error) or attempt == COMMIT_ATTEMPTS:
+            raise error
+        committer.expected_snapshot_id = branch_head(confirmed, committer.branch).snapshot_id
+    raise AssertionError("unreachable")
+
+
+def _evolve_schema(committer: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> None:
+    """Add the columns the batches' events brought that the table still lacks (lock held)."""
+    proposed: dict[str, str] = {}
+    for record in batches:
+        for name, kind in proposed_fields(record.staged.new_columns).items():
+            proposed.setdefault(name, kind)
+    if proposed and add_missing_columns(committer.spark, stream.table_identifier, proposed):
+        crash_point(faults.COMMITTER_AFTER_SCHEMA_CHANGE)
+
+
+def _triggering_batches(schema_change: dict[str, str], batches: list[BatchRecord]) -> dict[str, int]:
+    """For each added column, the first batch of the commit whose events brought it."""
+    triggered: dict[str, int] = {}
+    for record in batches:
+        for name in proposed_fields(record.staged.new_columns):
+            if name in schema_change:
+                triggered.setdefault(name, record.sequence)
+    return triggered
+
+
+def _record_completeness(committer: CommitterPass, stream: StreamSpec, staged: DataFrame, properties: dict) -> int:
+    """Add the stream's new watermark and the batch's late-event count to the commit's summary."""
+    if stream.completeness is None:
+        return 0
+    before = table_history(committer.table(), committer.branch).watermark(stream.name)
+    batch_max = properties[summary_keys.MAX_EVENT_TIME] or None
+    after = next_watermark(before, batch_max, stream.completeness.allowed_lateness)
+    late = count_late_events(staged, stream.resolved_event_time_column(), before)
+    properties.update({summary_keys.WATERMARK: after or "", summary_keys.LATE_EVENTS: str(late)})
+    return late
+
+
+def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> CommitResult:
+    """Publish ``batches`` in one commit (an append, or one MERGE for a change stream)."""
+    identifier = stream.table_identifier
+    started = time.monotonic()
+    batches = [_ensure_staged_data(committer, stream, record) for record in batches]
+    if committer.target == MAIN_BRANCH:
+        dead_letters = commit_dead_letters(committer.spark, committer.lake, stream, batches, committer.stamp)
+        crash_point(faults.COMMITTER_AFTER_DEAD_LETTERS)
+    else:
+        # Audited batches send their dead letters when they are published: a discarded batch is
+        # staged again, maybe with other rejects, so its first rejects must not be kept.
+        dead_letters = sum(record.staged.rejected for record in batches)
+    spark = committer.spark
+    _evolve_schema(committer, stream, batches)
+    table_schema = spark.table(qualified_name(identifier, committer.branch)).schema
+    columns = table_schema.fieldNames()
+    # Each batch is aligned to the table on its own: batches staged with different new columns, or
+    # with different types for one (the first committed type wins), cannot be read as one.
+    aligned = [accepted_rows(spark.read.parquet(str(record.events_path())), table_schema) for record in batches]
+    staged = reduce(DataFrame.unionByName, aligned)
+    keys = identifier_columns(committer.lake, stream)
+    if keys:
+        counts = count_changes(spark, identifier, staged, keys, committer.branch, stream.order_column)
+        rows = counts.inserted + counts.updated
+        net_rows = counts.inserted - counts.deleted
+        properties = summary_keys.commit_summary(stream.name, batches, rows, net_rows, committer.stamp)
+        properties.update(
+            {
+                summary_keys.INSERTED: str(counts.inserted),
+                summary_keys.UPDATED: str(counts.updated),
+                summary_keys.DELETED: str(counts.deleted),
+                summary_keys.STALE_CHANGES: str(counts.stale),
+            }
+        )
+        view = f"lakehouse_changes_{stream.name}_{batches[0].sequence}"
+        write = partial(
+            merge_changes,
+            spark,
+            identifier,
+            staged,
+            keys,
+            columns,
+            properties,
+            view,
+            committer.branch,
+            stream.order_column,
+        )
+    else:
+        rows = sum(record.staged.rows for record in batches)
+        counts = ChangeCounts(inserted=rows, updated=0, deleted=0)
+        properties = summary_keys.commit_summary(stream.name, batches, rows, rows, committer.stamp)
+        write = partial(append_rows, staged.select(*columns), identifier, properties, committer.branch)
+    late_events = _record_completeness(committer, stream, staged, properties)
+    schema_change = columns_added_since_last_snapshot(committer.table(), committer.branch)
+    if schema_change:
+        properties[summary_keys.SCHEMA_CHANGE] = json.dumps(schema_change)
+        properties[summary_keys.SCHEMA_CHANGE_BATCHES] = json.dumps(_triggering_batches(schema_change, batches))
+    confirmed = _write_until_landed(committer, stream, batches[-1].sequence, write)
+    crash_point(faults.COMMITTER_AFTER_COMMIT)
+    snapshot = branch_head(confirmed, committer.branch)
+    committer.expected_snapshot_id = snapshot.snapshot_id
+    committed_at = time.time()
+    ledger = committer.lake.ledger(stream.name)
+    for record in batches:
+        ledger.record_committed(
+            record.sequence, CommittedBatch(snapshot.snapshot_id, batches[-1].sequence, committed_at)
+        )
+    summary = snapshot.summary.additional_properties
+    return CommitResult(
+        table=identifier,
+        stream=stream.name,
+        kind="merge" if keys else "append",
+        snapshot_id=snapshot.snapshot_id,
+        metadata_location=committer.lake.metadata_location(identifier),
+        first_sequence=batches[0].sequence,
+        last_sequence=batches[-1].sequence,
+        rows=rows,
+        inserted=counts.inserted,
+        updated=counts.updated,
+        deleted=counts.deleted,
+        stale_changes=counts.stale,
+        dead_letters=dead_letters,
+        data_files_added=int(summary.get("added-data-files", "0")),
+        delete_files_added=int(summary.get("added-delete-files", "0")),
+        commit_latency_seconds=time.monotonic() - started,
+        end_to_end_seconds=committed_at - min(record.minted.oldest_landed_at for record in batches),
+        max_event_time=properties[summary_keys.MAX_EVENT_TIME] or None,
+        watermark=properties.get(summary_keys.WATERMARK) or None,
+        late_events=late_events,
+        schema_change=schema_change,
+        epoch=committer.epoch,
+        source_snapshot=properties.get(summary_keys.SOURCE_SNAPSHOT),
+        schema_change_batches=json.loads(properties.get(summary_keys.SCHEMA_CHANGE_BATCHES, "{}")),
+    )
+
+
+def _commit_stream(
+    committer: CommitterPass,
+    stream: StreamSpec,
+    plans: list[CommitPlan],
+    results: list[CommitResult],
+    publish_waits: bool,
+) -> None:
+    """Mark what the branch already holds committed, then (unless publishing waits) commit the
+    ready batches."""
+    ledger = committer.lake.ledger(stream.name)
+    history = table_history(committer.table(), committer.branch)
+    plan = plan_commit(ledger, stream.name, history.sequence(stream.name))
+    plans.append(plan)
+    for sequence in plan.recovered:
+        # The commit that holds the batch (checks read each batch on its own snapshot); the
+        # checkpoint's snapshot when that commit has expired.
+        holder = next(
+            (c for c in history.commits if c.stream == stream.name and c.first_sequence <= sequence <= c.last_sequence),
+            None,
+        )
+        if holder:
+            committed = CommittedBatch(holder.snapshot_id, holder.last_sequence, time.time())
+        else:
+            committed = CommittedBatch(history.base.snapshot_id if history.base else 0, sequence, time.time())
+        ledger.record_committed(sequence, committed)
+    if publish_waits:
+        return
+    # Appends fold every ready batch into one commit. Changes commit one batch at a time, in order:
+    # folding them would need the net effect across batches, and a per-batch commit keeps each
+    # batch's deletes and upserts checkable on its own snapshot.
+    groups = [[record] for record in plan.ready] if stream.applies_changes else [plan.ready] if plan.ready else []
+    for group in groups:
+        results.append(_commit_group(committer, stream, group))
+
+
+def _remove_published_attempts(ledger: StreamLedger, published_sequence: int) -> None:
+    """Staged Parquet of batches that main holds, committed by earlier passes; the last pass's
+    stays for its checks, and batches waiting on the audit branch keep theirs until published."""
+    for record in ledger.batches():
+        if (
+            record.committed
+            and record.staged
+            and record.sequence <= published_sequence
+            and record.events_path().is_dir()
+        ):
+            ledger.remove_attempts(record.sequence)
+            crash_point(faults.COMMITTER_DURING_CLEANUP)
+
+
+def _prepare_audit_branch(committer: CommitterPass) -> AuditState | None:
+    """Under ``publish: audit`` (lock held, fence checked): the audit branch created or brought up
+    to main, and its state; None for a table published directly or not created yet."""
+    table = committer.table()
+    if committer.branch == MAIN_BRANCH or table is None:
+        return None
+    if sync_audit_branch(committer.spark, table, committer.table_identifier):
+        # This pass moved the branch itself, holding the lock: its new head is the expected base.
+        table = committer.table()
+        committer.expected_snapshot_id = branch_head(table, committer.branch).snapshot_id
+    return audit_state(table)
+
+
+def commit_table(
+    spark: SparkSession,
+    lake: Lakehouse,
+    table_identifier: str,
+    run_id: str,
+) -> CommitOutcome:
+    """Commit every stream's ready batches to one table (to its audit branch under ``publish:
+    audit``, and only while that branch holds nothing unpublished), unless fenced by another committer."""
+    streams = lake.config.tables()[table_identifier]
+    branch = AUDIT_BRANCH if lake.config.audits(table_identifier) else MAIN_BRANCH
+    committer = CommitterPass.begin(spark, lake, table_identifier, run_id, branch)
+    crash_point(faults.COMMITTER_BEFORE_LOCK)
+    plans: list[CommitPlan] = []
+    results: list[CommitResult] = []
+    with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
+        # Under the lock: the checks of another run read staged Parquet holding the same lock.
+        main = committer.table()
+        for stream in streams:
+            published = committed_state(main, stream.name).sequence
+            _remove_published_attempts(lake.ledger(stream.name), published)
+        for name in abandoned_pass_branches(main):
+            drop_pass_branch(spark, table_identifier, name)
+        try:
+            committer.check_fence()
+            audit = _prepare_audit_branch(committer)
+            publish_waits = bool(audit and audit.awaiting_publish)
+            fenced_by_catalog = (
+                uses_pass_branches(lake.config) and not publish_waits and _has_ready_batches(committer, streams)
+            )
+            through = (
+                written_on_pass_branch(
+                    spark,
+                    lake.config,
+                    table_identifier,
+                    committer.expected_snapshot_id,
+                    committer.target,
+                    committer.stamp,
+                )
+                if fenced_by_catalog
+                else nullcontext(committer.target)
+            )
+            with through as branch:
+                if branch != committer.target:
+                    # A pass branch of a table with no snapshot yet starts at a new empty one.
+                    committer.branch = branch
+                    committer.expected_snapshot_id = branch_head(committer.table(), branch).snapshot_id
+                for stream in streams:
+                    _commit_stream(committer, stream, plans, results, publish_waits)
+        except FencedError as fenced:
+            # On a pass branch nothing was published; on the target itself, what landed before the fence was.
+            return CommitOutcome(plans, [] if committer.branch != committer.target else results, fenced=str(fenced))
+        finally:
+            committer.branch = committer.target
+        if uses_pass_branches(lake.config):
+            location = lake.metadata_location(table_identifier)
+            results = [replace(result, metadata_location=location) for result in results]
+    return CommitOutcome(plans, results, awaiting_publish=audit if audit and audit.awaiting_publish else None)

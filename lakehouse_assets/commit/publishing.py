@@ -1,0 +1,140 @@
+"""Publish or discard what the audit branch of a ``publish: audit`` table holds beyond main.
+
+Publishing commits the audited batches' dead letters, then fast-forwards main to the audited
+snapshot: metadata only, so readers of main see every audited batch at once or none of them.
+The dead-letter table's ancestry says whether its part is done, and the branches say whether the
+fast-forward is, so a crash anywhere is completed by publishing again, never repeated.
+
+Discarding points the audit branch back at main and drops the discarded batches' staged Parquet,
+so the next committer pass stages them again from their landing files with the configuration of
+that time (the fix) and commits them again. Both hold the table's lock.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from lakehouse_assets import faults
+from lakehouse_assets.catalog.table_metadata import qualified_name
+from lakehouse_assets.commit.branches import AuditState, audit_state, fast_forward, reset_audit_branch
+from lakehouse_assets.commit.dead_letters import commit_dead_letters
+from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
+from lakehouse_assets.commit.recovery import AUDIT_BRANCH, MAIN_BRANCH, next_epoch
+from lakehouse_assets.commit.summary_keys import CommitStamp
+from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.errors import ConfigError, PublishRefusedError
+from lakehouse_assets.faults import crash_point
+from lakehouse_assets.ingest.batch_ledger import BatchRecord, StreamLedger
+from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.paths import LakehousePaths
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What moved main: from which snapshot to which, the batches it published per stream."""
+
+    table: str
+    previous_snapshot_id: int | None
+    snapshot_id: int
+    batch_ranges: dict[str, list[int]]
+    dead_letters: int
+    publish_latency_seconds: float
+
+
+@dataclass(frozen=True)
+class DiscardResult:
+    """The audited snapshot dropped from the audit branch and the batches to be staged again."""
+
+    table: str
+    discarded_snapshot_id: int
+    main_snapshot_id: int | None
+    batch_ranges: dict[str, list[int]]
+
+
+def _require_audited(config: LakehouseConfig, table_identifier: str) -> list[StreamSpec]:
+    if table_identifier not in config.tables():
+        raise ConfigError(f"unknown table {table_identifier!r}; configured tables: {', '.join(config.tables())}")
+    if not config.audits(table_identifier):
+        raise ConfigError(f"{table_identifier} is published directly (publish: direct); it has no audit branch")
+    return config.tables()[table_identifier]
+
+
+def _audited_batches(paths: LakehousePaths, stream: StreamSpec, first: int, last: int) -> list[BatchRecord]:
+    """The batches of an unpublished range with their staged Parquet; PublishRefusedError if gone."""
+    records = [r for r in StreamLedger(paths.staging(stream.name)).batches() if first <= r.sequence <= last]
+    lost = [r.sequence for r in records if not (r.staged and r.events_path().is_dir())]
+    if lost or len(records) != last - first + 1:
+        raise PublishRefusedError(
+            f"stream {stream.name}: the staged data of audited batches {lost or [first, last]} is gone "
+            "(an interrupted discard?); run `lakehouse audit discard` again to stage them anew"
+        )
+    return records
+
+
+def publish_table(
+    spark: SparkSession,
+    lake: Lakehouse,
+    table_identifier: str,
+    snapshot_id: int,
+    run_id: str,
+) -> PublishResult | None:
+    """Publish the audit branch's head ``snapshot_id`` (the snapshot the checks passed on) to main.
+
+    Returns None when main already has it. Raises PublishRefusedError when the audit branch moved
+    on from ``snapshot_id``: its new head has not been checked.
+    """
+    streams = _require_audited(lake.config, table_identifier)
+    started = time.monotonic()
+    with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
+        state = audit_state(lake.table(table_identifier))
+        if not state.awaiting_publish:
+            return None
+        if state.audit != snapshot_id:
+            raise PublishRefusedError(
+                f"{table_identifier}: the audit branch is at snapshot {state.audit}, not the checked snapshot "
+                f"{snapshot_id}; run the checks on the new head first"
+            )
+        stamp = CommitStamp(next_epoch(lake.table(table_identifier)), run_id)
+        ranges = state.unpublished_ranges()
+        dead_letters = 0
+        for stream in streams:
+            if stream.name in ranges:
+                batches = _audited_batches(lake.paths, stream, *ranges[stream.name])
+                dead_letters += commit_dead_letters(spark, lake, stream, batches, stamp)
+        crash_point(faults.PUBLISH_AFTER_DEAD_LETTERS)
+        fast_forward(spark, table_identifier, MAIN_BRANCH, AUDIT_BRANCH)
+        spark.catalog.refreshTable(qualified_name(table_identifier))
+        crash_point(faults.PUBLISH_AFTER_FAST_FORWARD)
+    return PublishResult(
+        table=table_identifier,
+        previous_snapshot_id=state.main,
+        snapshot_id=snapshot_id,
+        batch_ranges=ranges,
+        dead_letters=dead_letters,
+        publish_latency_seconds=time.monotonic() - started,
+    )
+
+
+def discard_audited(spark: SparkSession, lake: Lakehouse, table_identifier: str) -> DiscardResult | None:
+    """Drop the audit branch's unpublished commits and stage their batches again; None when there
+    are none. Repeating it after a crash finishes it."""
+    streams = _require_audited(lake.config, table_identifier)
+    with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
+        state: AuditState = audit_state(lake.table(table_identifier))
+        if not state.awaiting_publish:
+            return None
+        ranges = state.unpublished_ranges()
+        for stream in streams:
+            if stream.name not in ranges:
+                continue
+            first, last = ranges[stream.name]
+            ledger = lake.ledger(stream.name)
+            for sequence in range(first, last + 1):
+                ledger.forget_staged_data(sequence)
+        crash_point(faults.DISCARD_AFTER_UNSTAGING)
+        reset_audit_branch(spark, table_identifier, state.main)
+        spark.catalog.refreshTable(qualified_name(table_identifier))
+    return DiscardResult(table_identifier, state.audit, state.main, ranges)

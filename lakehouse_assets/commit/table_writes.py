@@ -1,0 +1,135 @@
+"""How rows reach a table from Spark, with ``lakehouse.*`` keys in the snapshot summary.
+
+Appends pass the keys as ``snapshot-property.*`` write options. ``MERGE INTO`` is SQL, which has no
+such option, so the statement runs inside Iceberg's ``CommitMetadata.withCommitProperties``: a
+thread-local that Iceberg's Spark writer adds to the commit's summary. It is called through py4j
+with a Python ``Callable``; py4j runs the callback's own Spark calls on the calling JVM thread, so
+the thread-local is visible to the MERGE's commit.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from pyspark.java_gateway import ensure_callback_server_started
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from lakehouse_assets.catalog.table_metadata import qualified_name
+from lakehouse_assets.ingest.staged_format import DELETE, OPERATION_COLUMN
+
+
+@dataclass(frozen=True)
+class ChangeCounts:
+    """Rows a MERGE inserts, updates and deletes (deleting a missing key counts nothing), and the
+    stale changes it skips: older, by the order column, than the row they would change."""
+
+    inserted: int
+    updated: int
+    deleted: int
+    stale: int = 0
+
+
+def _not_stale(order_column: str | None, change: str = "s", row: str = "t") -> str:
+    """SQL that holds when a change may apply to a row: no order column, either side's order is
+    NULL, or the change is not older than the row (a tie applies: a redelivery is idempotent)."""
+    if not order_column:
+        return "true"
+    change_order, row_order = f"{change}.`{order_column}`", f"{row}.`{order_column}`"
+    return f"({row_order} IS NULL OR {change_order} IS NULL OR {change_order} >= {row_order})"
+
+
+def append_rows(frame: DataFrame, identifier: str, properties: dict[str, str], branch: str | None = None) -> None:
+    """Append ``frame`` to the table (or its ``branch``) in one commit carrying ``properties`` in its summary."""
+    writer = frame.writeTo(qualified_name(identifier, branch))
+    for key, value in properties.items():
+        writer = writer.option(f"snapshot-property.{key}", value)
+    writer.append()
+
+
+def count_changes(
+    spark: SparkSession,
+    identifier: str,
+    changes: DataFrame,
+    keys: list[str],
+    branch: str | None = None,
+    order_column: str | None = None,
+) -> ChangeCounts:
+    """What merging ``changes`` (one row per key, with its net operation) will do to the table (or
+    its ``branch``), skipping changes older than their row by ``order_column``."""
+    ordered = [order_column] if order_column else []
+    existing = spark.table(qualified_name(identifier, branch)).select(*keys, *ordered)
+    existing = existing.withColumn("_lakehouse_exists", F.lit(True)).alias("t")
+    joined = changes.select(*keys, *ordered, OPERATION_COLUMN).alias("s").join(existing, on=keys, how="left")
+    is_delete = F.col(OPERATION_COLUMN) == F.lit(DELETE)
+    exists = F.col("_lakehouse_exists").isNotNull()
+    applies = F.expr(_not_stale(order_column))
+    row = joined.agg(
+        F.count(F.when(~is_delete & ~exists, 1)).alias("inserted"),
+        F.count(F.when(~is_delete & exists & applies, 1)).alias("updated"),
+        F.count(F.when(is_delete & exists & applies, 1)).alias("deleted"),
+        F.count(F.when(exists & ~applies, 1)).alias("stale"),
+    ).first()
+    return ChangeCounts(row["inserted"], row["updated"], row["deleted"], row["stale"])
+
+
+class _SqlStatement:
+    """A ``java.util.concurrent.Callable`` that runs one SQL statement on a session."""
+
+    def __init__(self, spark: SparkSession, statement: str) -> None:
+        self.spark = spark
+        self.statement = statement
+
+    def call(self) -> None:
+        self.spark.sql(self.statement)
+
+    class Java:
+        implements = ["java.util.concurrent.Callable"]
+
+
+_CALLBACK_SERVER_START = threading.Lock()
+
+
+def run_with_commit_properties(spark: SparkSession, statement: str, properties: dict[str, str]) -> None:
+    """Run one SQL statement whose Iceberg commit carries ``properties`` in its snapshot summary."""
+    jvm = spark.sparkContext._jvm
+    with _CALLBACK_SERVER_START:  # PySpark's start is not thread-safe; tables commit concurrently
+        ensure_callback_server_started(spark.sparkContext._gateway)
+    java_properties = jvm.java.util.HashMap()
+    for key, value in properties.items():
+        java_properties.put(key, value)
+    jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(
+        java_properties, _SqlStatement(spark, statement), jvm.java.lang.Class.forName("java.lang.Exception")
+    )
+
+
+def merge_changes(
+    spark: SparkSession,
+    identifier: str,
+    changes: DataFrame,
+    keys: list[str],
+    columns: list[str],
+    properties: dict[str, str],
+    view_name: str,
+    branch: str | None = None,
+    order_column: str | None = None,
+) -> None:
+    """Apply net changes (UPSERT or DELETE per key) to the table (or its ``branch``) in one MERGE
+    commit carrying ``properties``; a change older than its row by ``order_column`` is skipped."""
+    changes.createOrReplaceTempView(view_name)
+    on = " AND ".join(f"t.`{key}` = s.`{key}`" for key in keys)
+    assignments = ", ".join(f"t.`{column}` = s.`{column}`" for column in columns)
+    names = ", ".join(f"`{column}`" for column in columns)
+    values = ", ".join(f"s.`{column}`" for column in columns)
+    applies = _not_stale(order_column)
+    statement = (
+        f"MERGE INTO {qualified_name(identifier, branch)} t USING {view_name} s ON {on} "
+        f"WHEN MATCHED AND s.{OPERATION_COLUMN} = '{DELETE}' AND {applies} THEN DELETE "
+        f"WHEN MATCHED AND s.{OPERATION_COLUMN} <> '{DELETE}' AND {applies} THEN UPDATE SET {assignments} "
+        f"WHEN NOT MATCHED AND s.{OPERATION_COLUMN} <> '{DELETE}' THEN INSERT ({names}) VALUES ({values})"
+    )
+    try:
+        run_with_commit_properties(spark, statement, properties)
+    finally:
+        spark.catalog.dropTempView(view_name)

@@ -1,0 +1,105 @@
+"""The one place that configures Spark for Iceberg: runtime jar, Java, catalog ``lake``.
+
+Static settings (jar, SQL extensions) belong to the JVM-wide session; catalog settings belong to a
+child session per lakehouse home (``newSession``), so one process can serve several homes.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+
+from pyspark.sql import SparkSession
+
+from lakehouse_assets.catalog.catalogs import HADOOP, spark_catalog_properties
+from lakehouse_assets.catalog.table_metadata import (
+    CATALOG_NAME,
+    is_hadoop_catalog,
+)
+from lakehouse_assets.config import LakehouseConfig
+from lakehouse_assets.engine.java_runtime import ensure_java_home
+from lakehouse_assets.lakehouse import Lakehouse
+
+ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
+ICEBERG_JAR_PACKAGE = "snowpark_connect_deps_iceberg"
+MASTER_ENV = "LAKEHOUSE_SPARK_MASTER"
+DRIVER_MEMORY_ENV = "LAKEHOUSE_SPARK_DRIVER_MEMORY"
+
+
+def iceberg_runtime_jar() -> str:
+    """Path of the Iceberg Spark runtime jar shipped by the ``snowpark-connect-deps-iceberg`` package."""
+    return str(resources.files(ICEBERG_JAR_PACKAGE).joinpath("jars", ICEBERG_RUNTIME_JAR))
+
+
+def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
+    """JVM-wide settings: the Iceberg runtime jar, UTC, small shuffles, then the config's ``spark`` map.
+
+    Users who reach Maven can set ``spark.jars.packages`` in the ``spark`` map instead of the
+    packaged jar; ``LAKEHOUSE_SPARK_MASTER`` overrides the master for one process.
+    """
+    conf = {
+        "spark.master": "local[2]",
+        "spark.app.name": "lakehouse_assets",
+        "spark.driver.memory": os.environ.get(DRIVER_MEMORY_ENV, "4g"),
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # The writer stages only rows whose required columns are set, so Parquet's nullable
+        # columns may be appended to required Iceberg columns.
+        "spark.sql.iceberg.check-nullability": "false",
+        # A JSON object with a key twice, or map keys that coerce alike, keep the last value
+        # instead of failing the job.
+        "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
+    }
+    conf.update(config.spark)
+    if "spark.jars.packages" not in config.spark:
+        # The Iceberg runtime first, then the jars the config adds (a JDBC catalog's driver, say).
+        conf["spark.jars"] = ",".join(filter(None, [iceberg_runtime_jar(), config.spark.get("spark.jars")]))
+    if MASTER_ENV in os.environ:
+        conf["spark.master"] = os.environ[MASTER_ENV]
+    return conf
+
+
+def catalog_conf(lake: Lakehouse) -> dict[str, str]:
+    """Session settings for catalog ``lake`` from the config's catalog properties, and for the own
+    catalog of each Iceberg source that has one."""
+    conf = _one_catalog_conf(CATALOG_NAME, lake)
+    for stream in lake.config.streams:
+        if stream.iceberg_source and stream.iceberg_source.catalog:
+            conf |= _one_catalog_conf(stream.source_catalog_name, lake.source(stream))
+    return conf
+
+
+def _one_catalog_conf(name: str, lake: Lakehouse) -> dict[str, str]:
+    prefix = f"spark.sql.catalog.{name}"
+    conf = {
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.cache-enabled": "false",
+    }
+    for key, value in spark_catalog_properties(lake.config.catalog).items():
+        conf[f"{prefix}.{key}"] = value
+    if is_hadoop_catalog(lake.config.catalog):
+        conf[f"{prefix}.type"] = HADOOP
+    if warehouse := lake.warehouse:
+        conf[f"{prefix}.warehouse"] = warehouse
+    return conf
+
+
+def lakehouse_session(lake: Lakehouse) -> SparkSession:
+    """A Spark session whose catalog ``lake`` is this lakehouse's; starts the JVM on first use."""
+    ensure_java_home()
+    builder = SparkSession.builder
+    for key, value in static_spark_conf(lake.config).items():
+        builder = builder.config(key, value)
+    root = builder.getOrCreate()
+    root.sparkContext.setLogLevel("ERROR")
+    session = root.newSession()
+    for key, value in catalog_conf(lake).items():
+        session.conf.set(key, value)
+    # Iceberg's JVM helpers (Spark3Util, CommitMetadata) resolve catalogs through the thread's
+    # active session, which Spark sets only inside its own SQL and DataFrame calls.
+    session._jvm.SparkSession.setActiveSession(session._jsparkSession)
+    return session

@@ -1,0 +1,264 @@
+"""The Spark host: one warm Spark driver that the pipeline's Dagster runs share.
+
+Under ``dagster dev`` or the Dagster daemon every run is its own process. A run that starts its
+own Spark JVM pays 5-10 s for it, and its first Spark jobs run on a cold JIT (a 15,000-event batch
+took 13 s to stage cold, about 1 s warm), which for micro-batches is most of a batch's freshness.
+The Spark host is one long-lived Python process of the lakehouse home holding a Spark session:
+runs send it an engine call (stage this batch, commit that table) over a local socket and get the
+result back, so the JVM starts once and stays warm.
+
+Spark Connect is the library's way for a Python process to drive a remote Spark; its server for
+Spark 3.5 ships only through Maven, and Iceberg's runtime for Spark 4 is not on PyPI, so this
+project carries this small host instead. It runs the very engine functions a run would run, with
+the same table locks, fences and ancestry checks: a host killed mid-call is a process killed at
+that point (what the fault suite proves safe), and a run that dies while its call goes on leaves a
+call that completes or not, idempotently, and is repeated by the next run.
+
+The first run that needs the host starts it (detached, logging to ``state/spark-host.log``); it
+exits after ``spark_host.idle_timeout`` without calls. Its address is derived from the home, the
+static Spark settings and the package's code, so a change of either gets a new host and the old
+one idles out. Calls are authenticated with a key kept in ``state/`` (mode 0600).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import pickle
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from functools import cache
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+from typing import Any
+
+from lakehouse_assets.commit.locks import exclusive_lock
+from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.paths import LakehousePaths
+
+START_TIMEOUT_SECONDS = 180.0
+POLL_SECONDS = 0.1
+KEY_FILE = "spark-host.key"
+LOG_FILE = "spark-host.log"
+SPAWN_LOCK_FILE = "spark-host.lock"
+CODE_CHANGED_EXIT = 3
+
+
+class SparkHostError(LakehouseError):
+    """The Spark host could not be started or reached, or died during a call."""
+
+
+class RemoteCallError(LakehouseError):
+    """An engine call failed on the Spark host with an error that cannot travel as itself."""
+
+
+@cache
+def code_stamp() -> str:
+    """What identifies the package's code as this process first saw it: its files' names, sizes
+    and modification times."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(sys.executable.encode())
+    for path in sorted(package.rglob("*.py")):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(package)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def host_address(lake: Lakehouse) -> str:
+    """The host's Unix socket: one per lakehouse home, static Spark settings and code version
+    (kept short, under the temp directory: socket paths are limited to about 100 bytes)."""
+    from lakehouse_assets.engine.spark import static_spark_conf
+
+    identity = f"{lake.paths.home}\n{sorted(static_spark_conf(lake.config).items())}\n{code_stamp()}"
+    return str(Path(tempfile.gettempdir()) / f"lakehouse-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.sock")
+
+
+def _authkey(paths: LakehousePaths) -> bytes:
+    """The key that calls to this home's host must present, created on first use."""
+    key_file = paths.state / KEY_FILE
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    if not key_file.exists():
+        temporary = key_file.with_name(f".{KEY_FILE}.{os.getpid()}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32))
+        try:
+            os.link(temporary, key_file)
+        except FileExistsError:
+            pass
+        temporary.unlink()
+    return key_file.read_text().strip().encode()
+
+
+def _connect(address: str, key: bytes) -> Connection | None:
+    try:
+        return Client(address, family="AF_UNIX", authkey=key)
+    except (FileNotFoundError, ConnectionError, EOFError):  # no host, or one that just died
+        return None
+
+
+def _connect_or_start(lake: Lakehouse) -> Connection:
+    """A connection to the home's host, starting the host first when none answers."""
+    address, key = host_address(lake), _authkey(lake.paths)
+    connection = _connect(address, key)
+    if connection is not None:
+        return connection
+    with exclusive_lock(lake.paths.state / SPAWN_LOCK_FILE, timeout_seconds=START_TIMEOUT_SECONDS):
+        connection = _connect(address, key)
+        if connection is not None:
+            return connection
+        Path(address).unlink(missing_ok=True)  # a host that died leaves its socket file behind
+        log = open(lake.paths.state / LOG_FILE, "ab")  # noqa: SIM115 - handed to the host process
+        command = [sys.executable, "-m", "lakehouse_assets.engine.spark_host", "--address", address]
+        command += ["--idle-timeout", str(lake.config.spark_host.idle_timeout), "--code-stamp", code_stamp()]
+        host = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if host.poll() == CODE_CHANGED_EXIT:
+                raise SparkHostError("the package changed since this run started; the next run uses the new code")
+            if host.poll() is not None:
+                raise SparkHostError(
+                    f"the Spark host exited with code {host.returncode}; see {lake.paths.state / LOG_FILE}"
+                )
+            connection = _connect(address, key)
+            if connection is not None:
+                return connection
+            time.sleep(POLL_SECONDS)
+    raise SparkHostError(
+        f"the Spark host did not answer within {START_TIMEOUT_SECONDS:.0f}s; see {lake.paths.state / LOG_FILE}"
+    )
+
+
+def call_on_host(lake: Lakehouse, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``function(spark, lake, *args, **kwargs)`` on the home's Spark host and return its result or
+    raise its error. ``function`` is a module-level engine function; arguments and result pickle."""
+    connection = _connect_or_start(lake)
+    with connection:
+        connection.send((function, lake, args, kwargs))
+        try:
+            status, payload = connection.recv()
+        except EOFError:
+            raise SparkHostError(
+                f"the Spark host died during {function.__name__}; the call completed or not, atomically "
+                f"as any crash, and the next run repeats it (see {lake.paths.state / LOG_FILE})"
+            ) from None
+    if status == "error":
+        raise payload
+    return payload
+
+
+def host_pid(lake: Lakehouse) -> int | None:
+    """The process id of the home's running host, or None when none answers."""
+    connection = _connect(host_address(lake), _authkey(lake.paths))
+    if connection is None:
+        return None
+    with connection:
+        connection.send(None)
+        return connection.recv()
+
+
+class _Host:
+    """The serving side: one Spark JVM, one thread per call, exit when idle."""
+
+    def __init__(self, idle_timeout: float) -> None:
+        self.idle_timeout = idle_timeout
+        self.last_call = time.monotonic()
+        self.in_flight = 0
+        self.guard = threading.Lock()
+
+    def serve(self, address: str, key: bytes) -> None:
+        listener = Listener(address, family="AF_UNIX", authkey=key)
+        threading.Thread(target=self._exit_when_idle, args=(listener, address), daemon=True).start()
+        print(f"Spark host {os.getpid()} listening on {address}", flush=True)
+        while True:
+            try:
+                connection = listener.accept()
+            except (OSError, EOFError, AuthenticationError) as refused:  # a wrong key, or a client gone
+                print(f"refused a connection: {refused}", flush=True)
+                continue
+            threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
+
+    def _answer(self, connection: Connection) -> None:
+        with connection:
+            try:
+                request = connection.recv()
+            except EOFError:
+                return
+            if request is None:
+                connection.send(os.getpid())
+                return
+            function, lake, args, kwargs = request
+            with self.guard:
+                self.in_flight += 1
+            try:
+                connection.send(("ok", _run(function, lake, args, kwargs)))
+            except Exception as error:  # noqa: BLE001 - every failure travels back to the calling run
+                connection.send(("error", _travelling(error)))
+            finally:
+                with self.guard:
+                    self.in_flight -= 1
+                    self.last_call = time.monotonic()
+
+    def _exit_when_idle(self, listener: Listener, address: str) -> None:
+        while True:
+            time.sleep(1.0)
+            with self.guard:
+                idle = self.in_flight == 0 and time.monotonic() - self.last_call > self.idle_timeout
+            if idle:
+                print(f"idle for {self.idle_timeout:g}s; exiting", flush=True)
+                listener.close()
+                Path(address).unlink(missing_ok=True)
+                os._exit(0)
+
+
+def _run(function: Callable[..., Any], lake: Lakehouse, args, kwargs) -> Any:
+    from lakehouse_assets.engine.spark import lakehouse_session
+
+    started = time.monotonic()
+    result = function(lakehouse_session(lake), lake, *args, **kwargs)
+    print(f"{function.__name__} in {time.monotonic() - started:.2f}s", flush=True)
+    return result
+
+
+def _travelling(error: Exception) -> Exception:
+    """The error itself when it pickles (the package's own errors do), else its type, message and
+    traceback as a RemoteCallError (a py4j error holds JVM references)."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - any pickling failure means: send it as text
+        text = "".join(traceback.format_exception(error))
+        return RemoteCallError(f"{type(error).__name__} on the Spark host: {error}\n{text}")
+
+
+def main() -> None:
+    """``python -m lakehouse_assets.engine.spark_host --address A --idle-timeout S``: serve until idle."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--idle-timeout", type=float, required=True)
+    parser.add_argument("--code-stamp", required=True, help="the code the calling process runs")
+    arguments = parser.parse_args()
+    if arguments.code_stamp != code_stamp():
+        # The package changed after the caller loaded it: its calls would not match this code.
+        print("the package changed since the calling run started; not serving it", flush=True)
+        sys.exit(CODE_CHANGED_EXIT)
+    from lakehouse_assets.engine.spark import lakehouse_session
+
+    lake = Lakehouse.from_env()
+    # Start the JVM and run one job before answering, so the first call finds it warm.
+    lakehouse_session(lake).range(1).count()
+    _Host(arguments.idle_timeout).serve(arguments.address, _authkey(lake.paths))
+
+
+if __name__ == "__main__":
+    main()

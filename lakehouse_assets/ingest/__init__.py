@@ -1,0 +1,1 @@
+"""From landing files to staged batches: the landing zone, batching, the staging ledger, conversion."""

@@ -1,0 +1,403 @@
+"""Convert raw NDJSON events to a table's schema in Spark, with the sink RFC's coercion rules.
+
+Each event is parsed once with every table column read as text (``from_json`` keeps a number's or
+an object's JSON text for a string field); each column is then coerced to its type:
+
+========================  ==============================================================
+table type                accepted event values
+========================  ==============================================================
+int, long                 integer numbers or digit strings; a fractional number is truncated
+float, double, decimal    numbers or numeric strings
+boolean                   ``true``/``false`` (JSON booleans or strings, any case)
+string                    any value; objects and arrays keep their JSON text
+timestamp, timestamptz    ISO 8601 strings or epoch milliseconds
+date                      ISO 8601 dates or epoch days
+binary                    Base64 strings
+fixed[N]                  Base64 strings of exactly N bytes
+uuid                      UUID strings (any case; stored lower case)
+struct                    objects; each field converted recursively, missing or
+                          uncoercible fields NULL
+list                      arrays; each element converted recursively
+map                       objects; keys and values converted recursively
+========================  ==============================================================
+
+An event is rejected, with the reason, when it is not a JSON object, when its operation is not
+recognized, when none of its fields match a column, when a required column is missing or cannot
+be coerced (for a DELETE only the identifier columns must be present), or when its row does not
+meet an expectation with ``on_failure: dead_letter``; an optional column that cannot be coerced is
+written as NULL. Extra fields are ignored.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from functools import reduce
+from pathlib import Path
+
+from pyiceberg.schema import Schema
+from pyiceberg.types import FixedType, IcebergType, StructType, UUIDType
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from lakehouse_assets.config import SOURCE_POSITION_COLUMN, StreamSpec
+from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.ingest.change_events import collapse_changes, event_shape
+from lakehouse_assets.ingest.staged_format import (
+    DELETE,
+    EVENT_COLUMN,
+    LINE_COLUMN,
+    OPERATION_COLUMN,
+    POSITION_COLUMN,
+    REASON_COLUMN,
+    SOURCE_FILE_COLUMN,
+)
+
+ICEBERG_TYPE = "iceberg_type"
+UUID_TEXT = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\z"
+_ROW = "_lakehouse_row"
+_RAW_OPERATION = "_lakehouse_raw_operation"
+_RAW = "_lakehouse_raw"
+_SPLIT = "_lakehouse_split"
+_ROW_ID = "_lakehouse_row_id"
+_SPLIT_LINES = "_lakehouse_split_lines"
+_SPLIT_FIRST_ROW = "_lakehouse_split_first_row"
+_LINES_BEFORE = "_lakehouse_lines_before"
+_POSITION = "_lakehouse_file_position"
+BATCH_COLUMN = "_lakehouse_batch"
+"""Which batch a line belongs to when the batches of many streams are read at once."""
+# Java regular expressions for ``rlike``: ``\z`` is the very end (``$`` also matches before a final
+# line break).
+INTEGER_TEXT = r"^\s*-?\d+\s*\z"
+# What Spark's timestamps and dates hold and Iceberg, Parquet and DuckDB read back: 0001-01-01 to
+# 9999-12-31 (UTC). An epoch number outside it (seconds, microseconds or nanoseconds taken for
+# milliseconds) cannot be coerced instead of overflowing the conversion.
+MIN_EPOCH_MILLIS, MAX_EPOCH_MILLIS = -62_135_596_800_000, 253_402_300_799_999
+MIN_EPOCH_DAYS, MAX_EPOCH_DAYS = -719_162, 2_932_896
+INTEGER_BITS = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}
+BYTE_ORDER_MARK = "\ufeff"
+BASE64_TEXT = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?\z"
+# Characters Hadoop reads as a glob pattern in a path (the home's, say); escaped, they are literal.
+GLOB_CHARACTERS = "\\{}[]*?"
+LINK_DIGITS = 6
+LINK_SUFFIX = ".ndjson"
+
+
+_TEXT_FIELDS = T.MapType(T.StringType(), T.StringType())
+_TEXT_ELEMENTS = T.ArrayType(T.StringType())
+
+
+def with_iceberg_types(spark_schema: T.StructType, iceberg_schema: Schema) -> T.StructType:
+    """The table's Spark schema with the Iceberg type of its uuid and fixed[N] columns and struct
+    fields in their metadata (Spark reads them as string and binary; their values are checked)."""
+
+    def annotated(spark_type: T.DataType, iceberg_type: IcebergType) -> T.DataType:
+        if not (isinstance(spark_type, T.StructType) and isinstance(iceberg_type, StructType)):
+            return spark_type
+        fields = []
+        for field in spark_type.fields:
+            member = next((f.field_type for f in iceberg_type.fields if f.name == field.name), None)
+            metadata = {ICEBERG_TYPE: str(member)} if isinstance(member, (UUIDType, FixedType)) else field.metadata
+            fields.append(T.StructField(field.name, annotated(field.dataType, member), field.nullable, metadata))
+        return T.StructType(fields)
+
+    return annotated(spark_schema, iceberg_schema.as_struct())
+
+
+def _checked_text(raw: Column, iceberg_type: str) -> Column:
+    """A uuid's canonical text, or a fixed[N]'s N bytes from Base64; NULL when the value is not one."""
+    trimmed = F.trim(raw)
+    if iceberg_type == "uuid":
+        return F.when(trimmed.rlike(UUID_TEXT), F.lower(trimmed))
+    decoded = _from_base64(trimmed)
+    return F.when(F.length(decoded) == int(iceberg_type[len("fixed[") : -1]), decoded)
+
+
+def _from_base64(text: Column) -> Column:
+    """The bytes of Base64 text, NULL when it is not Base64 (Spark's decoder would fail the job on
+    a last group of one character)."""
+    return F.when(text.rlike(BASE64_TEXT), F.unbase64(text))
+
+
+def _coerce(raw: Column, data_type: T.DataType, iceberg_type: str | None = None) -> Column:
+    """``raw`` (a JSON value's text) as ``data_type`` (``iceberg_type`` for uuid and fixed[N]), or
+    NULL when it cannot be coerced."""
+    if iceberg_type:
+        return _checked_text(raw, iceberg_type)
+    if isinstance(data_type, T.StructType):
+        # Each field from the object's member of the same name, coerced recursively.
+        members = F.from_json(raw, _TEXT_FIELDS)
+        fields = [
+            _coerce(members.getItem(field.name), field.dataType, field.metadata.get(ICEBERG_TYPE)).alias(field.name)
+            for field in data_type
+        ]
+        return F.when(members.isNotNull(), F.struct(*fields))
+    if isinstance(data_type, T.ArrayType):
+        return F.transform(F.from_json(raw, _TEXT_ELEMENTS), lambda element: _coerce(element, data_type.elementType))
+    if isinstance(data_type, T.MapType):
+        # A key that cannot be coerced drops its entry (a map key cannot be NULL); keys that
+        # coerce alike keep the last value (spark.sql.mapKeyDedupPolicy, spark.py).
+        members = F.map_filter(
+            F.from_json(raw, _TEXT_FIELDS), lambda key, _: _coerce(key, data_type.keyType).isNotNull()
+        )
+        coerced = F.transform_values(members, lambda _, value: _coerce(value, data_type.valueType))
+        return F.transform_keys(coerced, lambda key, _: _coerce(key, data_type.keyType))
+    trimmed = F.trim(raw)
+    if type(data_type) in INTEGER_BITS:
+        # Integer text exactly (a fraction is truncated; out of range is NULL); other numbers through
+        # a double, NULL when NaN, infinite or out of range (a cast would clamp them to a wrong value).
+        limit = float(2 ** (INTEGER_BITS[type(data_type)] - 1))
+        number = trimmed.cast("double")
+        from_number = F.when((number >= -limit) & (number < limit), number.cast(data_type))
+        return F.when(raw.rlike(INTEGER_TEXT), trimmed.cast(data_type)).otherwise(from_number)
+    if isinstance(data_type, T.BooleanType):
+        lowered = F.lower(trimmed)
+        return F.when(lowered.isin("true", "false"), lowered == F.lit("true"))
+    if isinstance(data_type, T.StringType):
+        return raw
+    if isinstance(data_type, (T.TimestampType, T.TimestampNTZType)):
+        millis = trimmed.cast("long")
+        in_range = millis.between(MIN_EPOCH_MILLIS, MAX_EPOCH_MILLIS)
+        from_millis = F.when(in_range, F.timestamp_millis(millis)).cast(data_type)
+        return F.when(raw.rlike(INTEGER_TEXT), from_millis).otherwise(trimmed.cast(data_type))
+    if isinstance(data_type, T.DateType):
+        days = trimmed.cast("int")
+        in_range = days.between(MIN_EPOCH_DAYS, MAX_EPOCH_DAYS)
+        from_days = F.when(in_range, F.date_add(F.lit("1970-01-01").cast("date"), days))
+        return F.when(raw.rlike(INTEGER_TEXT), from_days).otherwise(trimmed.cast("date"))
+    if isinstance(data_type, T.BinaryType):
+        return _from_base64(trimmed)
+    return trimmed.cast(data_type)
+
+
+def _type_name(field: T.StructField) -> str:
+    return field.metadata.get(ICEBERG_TYPE) or field.dataType.simpleString()
+
+
+def _first_failure(rules: list[tuple[Column, Column]]) -> Column:
+    reason = F.lit(None).cast("string")
+    for condition, message in reversed(rules):
+        reason = F.when(condition, message).otherwise(reason)
+    return reason
+
+
+def _missing_or_uncoercible(field: T.StructField, label: str) -> list[tuple[Column, Column]]:
+    raw = F.col(f"{_RAW}.`{field.name}`")
+    return [
+        (raw.isNull(), F.lit(f"missing {label} '{field.name}'")),
+        (
+            F.col(f"`{field.name}`").isNull(),
+            F.concat(F.lit(f"{label} '{field.name}': "), raw, F.lit(f" is not a {_type_name(field)}")),
+        ),
+    ]
+
+
+def _rejection_reason(fields: list[T.StructField], stream: StreamSpec, identifier_columns: list[str]) -> Column:
+    """The first rule an event breaks, or NULL when it converts."""
+    any_field = reduce(operator.or_, [F.col(f"{_RAW}.`{f.name}`").isNotNull() for f in fields], F.lit(False))
+    is_delete = F.col(OPERATION_COLUMN) == F.lit(DELETE)
+    rules: list[tuple[Column, Column]] = [
+        (~any_field & F.json_object_keys(F.col(EVENT_COLUMN)).isNull(), F.lit("not a JSON object"))
+    ]
+    if stream.applies_changes:
+        rules.append(
+            (
+                F.col(OPERATION_COLUMN).isNull(),
+                F.concat(F.lit("unrecognized operation '"), F.coalesce(F.col(_RAW_OPERATION), F.lit("")), F.lit("'")),
+            )
+        )
+    if stream.is_debezium:
+        rules.append(
+            (
+                F.json_object_keys(F.col(_ROW)).isNull(),
+                F.when(is_delete, F.lit("Debezium delete without a 'before' row")).otherwise(
+                    F.lit("Debezium change without an 'after' row")
+                ),
+            )
+        )
+    rules.append((~any_field, F.lit("no field matches the table schema")))
+    by_name = {field.name: field for field in fields}
+    for name in identifier_columns:
+        rules.extend(_missing_or_uncoercible(by_name[name], "identifier column"))
+    for field in fields:
+        if not field.nullable and field.name not in identifier_columns:
+            rules.extend(
+                (~is_delete & condition, message)
+                for condition, message in _missing_or_uncoercible(field, "required field")
+            )
+    for expectation in stream.expectations:
+        if expectation.on_failure == "dead_letter":
+            met = F.coalesce(F.expr(expectation.condition), F.lit(False))
+            rules.append((~is_delete & ~met, F.lit(f"expectation {expectation.name} not met: {expectation.condition}")))
+    return _first_failure(rules)
+
+
+def literal_path(path: str) -> str:
+    """``path`` with Hadoop's glob characters escaped, so Spark reads exactly that file."""
+    return "".join(f"\\{character}" if character in GLOB_CHARACTERS else character for character in path)
+
+
+def _linked(files: list[str], links: Path) -> list[str]:
+    """Symbolic links in ``links`` to ``files``, named by their position: Spark reads the links, so
+    no character of a landing file's name (a glob, a ``:``, a line break) means anything to Hadoop."""
+    links.mkdir(parents=True, exist_ok=True)
+    linked = []
+    for index, file in enumerate(files):
+        link = links / f"{index:06d}{LINK_SUFFIX}"
+        try:
+            link.symlink_to(file)
+        except FileExistsError:  # a repeated or concurrent attempt of the batch made it already
+            if os.readlink(link) != file:
+                raise LakehouseError(f"{link} points to {os.readlink(link)}, not to {file}") from None
+        linked.append(literal_path(str(link)))
+    return linked
+
+
+def read_landing_lines(
+    spark: SparkSession, files: list[str], links: Path, batch_of_file: list[int] | None = None
+) -> DataFrame:
+    """One row per line of the files that is not blank (spaces, tabs, a carriage return): its text
+    (without a byte order mark), file name and 1-based line number. Names are data: Spark reads the
+    files through links in ``links`` named by position, and each line keeps its file's own name.
+
+    Spark's splittable text reader streams each split of a file in order but gives no line
+    numbers, so lines are numbered per split: a first, cheap pass counts the lines of every split
+    (a few rows, broadcast), and a line's number is the lines of its file's earlier splits plus its
+    place in its own split. The place comes from ``monotonically_increasing_id``, which counts a
+    partition's rows in reading order; it is taken before any filter (Spark pushes no filter
+    below it), and both passes plan the same splits, so it is the same in both.
+
+    With ``batch_of_file`` (one number per file), the batches of many streams are read at once
+    (files of different directories may share a name): each row also carries its file's batch
+    number in ``BATCH_COLUMN``.
+    """
+    names = F.array(*[F.lit(Path(file).name) for file in files])
+    position = F.substring(F.col("_metadata.file_name"), 1, LINK_DIGITS).cast("int") + 1
+    # Spark keeps a line's bytes as they are; through a Java string, invalid UTF-8 becomes U+FFFD,
+    # so the text is valid wherever it is written (Parquet readers refuse invalid strings).
+    text = F.decode(F.encode(F.col("value"), "UTF-8"), "UTF-8")
+    raw = (
+        spark.read.option("lineSep", "\n")
+        .text(_linked(files, links))
+        .select(
+            F.when(text.startswith(BYTE_ORDER_MARK), text.substr(F.lit(2), F.length(text)))
+            .otherwise(text)
+            .alias(EVENT_COLUMN),
+            F.element_at(names, position).alias(SOURCE_FILE_COLUMN),
+            position.alias(_POSITION),
+            F.col("_metadata.file_block_start").alias(_SPLIT),
+            F.monotonically_increasing_id().alias(_ROW_ID),
+        )
+    )
+    splits = raw.groupBy(_POSITION, _SPLIT).agg(
+        F.count(F.lit(1)).alias(_SPLIT_LINES), F.min(_ROW_ID).alias(_SPLIT_FIRST_ROW)
+    )
+    earlier_splits = Window.partitionBy(_POSITION).orderBy(_SPLIT)
+    offsets = splits.select(
+        _POSITION,
+        _SPLIT,
+        _SPLIT_FIRST_ROW,
+        (F.sum(_SPLIT_LINES).over(earlier_splits) - F.col(_SPLIT_LINES)).alias(_LINES_BEFORE),
+    )
+    numbered = raw.join(F.broadcast(offsets), [_POSITION, _SPLIT])
+    line = F.col(_LINES_BEFORE) + F.col(_ROW_ID) - F.col(_SPLIT_FIRST_ROW) + 1
+    blank = F.expr(f"btrim({EVENT_COLUMN}, ' \\t\\r')") == F.lit("")
+    columns = [F.col(EVENT_COLUMN), F.col(SOURCE_FILE_COLUMN), line.alias(LINE_COLUMN)]
+    if batch_of_file is not None:
+        columns.append(F.element_at(F.array(*map(F.lit, batch_of_file)), F.col(_POSITION)).alias(BATCH_COLUMN))
+    return numbered.where(~blank).select(*columns)
+
+
+def convert_events(
+    lines: DataFrame, table_schema: T.StructType, stream: StreamSpec, identifier_columns: list[str]
+) -> DataFrame:
+    """Converted columns plus operation, source position and ``_lakehouse_reason`` (NULL when good).
+
+    ``lines`` comes from :func:`read_landing_lines`.
+    """
+    # Columns taken from the event's row; a Debezium table's source position comes from its envelope.
+    row_fields = [field for field in table_schema if field.name != SOURCE_POSITION_COLUMN]
+    text_schema = T.StructType([T.StructField(field.name, T.StringType()) for field in row_fields])
+    shape = event_shape(stream, F.col(EVENT_COLUMN), [F.col(SOURCE_FILE_COLUMN), F.col(LINE_COLUMN)])
+    parsed = lines.select(
+        EVENT_COLUMN,
+        SOURCE_FILE_COLUMN,
+        LINE_COLUMN,
+        *([BATCH_COLUMN] if BATCH_COLUMN in lines.columns else []),
+        shape.row.alias(_ROW),
+        shape.raw_operation.alias(_RAW_OPERATION),
+        shape.operation.alias(OPERATION_COLUMN),
+        F.struct(*shape.position).alias(POSITION_COLUMN),
+    ).withColumn(_RAW, F.from_json(F.col(_ROW), text_schema))
+    position = shape.source_position if shape.source_position is not None else F.lit(None)
+    kept_position = [position.cast(field.dataType) for field in table_schema if field.name == SOURCE_POSITION_COLUMN]
+    converted = parsed.select(
+        "*",
+        *[
+            _coerce(F.col(f"{_RAW}.`{field.name}`"), field.dataType, field.metadata.get(ICEBERG_TYPE)).alias(field.name)
+            for field in row_fields
+        ],
+        *[kept.alias(SOURCE_POSITION_COLUMN) for kept in kept_position],
+    )
+    if stream.version_column:
+        # A key's changes in a batch are ordered by their version first, then by landing order.
+        converted = converted.withColumn(
+            POSITION_COLUMN, F.struct(F.col(f"`{stream.version_column}`"), F.col(POSITION_COLUMN))
+        )
+    reason = _rejection_reason(row_fields, stream, identifier_columns)
+    return converted.withColumn(REASON_COLUMN, reason).drop(_RAW, _ROW, _RAW_OPERATION)
+
+
+def staged_events(converted: DataFrame, table_schema: T.StructType, identifier_columns: list[str]) -> DataFrame:
+    """What a writer stages in one pass: the converted columns and operation of every kept event,
+    plus reason, original text, file and line for the rejected ones (NULL for good rows).
+
+    With identifier columns, a key's changes are first collapsed to their net effect.
+    """
+    accepted = F.col(REASON_COLUMN).isNull()
+    if identifier_columns:
+        converted = collapse_changes(converted, identifier_columns, OPERATION_COLUMN, POSITION_COLUMN, accepted)
+    return converted.select(
+        *[F.col(f"`{field.name}`") for field in table_schema],
+        F.col(OPERATION_COLUMN),
+        F.col(REASON_COLUMN),
+        *[F.when(~accepted, F.col(name)).alias(name) for name in (EVENT_COLUMN, SOURCE_FILE_COLUMN, LINE_COLUMN)],
+    )
+
+
+def accepted_rows(staged: DataFrame, table_schema: T.StructType) -> DataFrame:
+    """The staged rows to publish, with their operation, as the table's columns: cast to the
+    table's types (a column added by another batch first keeps its type) and NULL where the
+    batch has no such column or struct field."""
+    present = {field.name: field.dataType for field in staged.schema}
+    columns = [
+        _aligned(F.col(f"`{field.name}`"), present.get(field.name), field.dataType).alias(field.name)
+        for field in table_schema
+    ]
+    return staged.where(F.col(REASON_COLUMN).isNull()).select(*columns, F.col(OPERATION_COLUMN))
+
+
+def _aligned(column: Column, staged_type: T.DataType | None, table_type: T.DataType) -> Column:
+    """``column`` (staged as ``staged_type``, None when absent) as ``table_type``; struct fields
+    are matched by name, so a struct staged before a field was added gets NULL in it."""
+    if staged_type is None:
+        return F.lit(None).cast(table_type)
+    if isinstance(table_type, T.StructType) and isinstance(staged_type, T.StructType):
+        staged_fields = {field.name: field.dataType for field in staged_type}
+        fields = [
+            _aligned(column.getField(field.name), staged_fields.get(field.name), field.dataType).alias(field.name)
+            for field in table_type
+        ]
+        return F.when(column.isNotNull(), F.struct(*fields))
+    return column.cast(table_type)
+
+
+def rejected_events(staged: DataFrame) -> DataFrame:
+    """The staged events that go to the dead letters: original text, reason, file and line."""
+    return staged.where(F.col(REASON_COLUMN).isNotNull()).select(
+        F.col(EVENT_COLUMN).alias("event"),
+        F.col(REASON_COLUMN).alias("reason"),
+        F.col(SOURCE_FILE_COLUMN).alias("source_file"),
+        F.col(LINE_COLUMN).cast("long").alias("source_line"),
+    )

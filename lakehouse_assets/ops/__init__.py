@@ -1,0 +1,1 @@
+"""Operating the lakehouse: table maintenance, status and dead-letter replay."""

@@ -1,0 +1,1 @@
+"""What proves a commit: the DuckDB checks, event-time completeness, lag and table health figures."""

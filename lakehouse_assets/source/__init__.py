@@ -1,0 +1,1 @@
+"""The Iceberg CDC source and its search-index export."""
