@@ -27,8 +27,6 @@ from pathlib import Path
 
 import yaml
 
-from lakehouse_assets.lakehouse import Lakehouse
-
 COLUMNS = [
     {"name": "order_id", "type": "long", "required": True},
     {"name": "customer_id", "type": "long"},
@@ -86,6 +84,7 @@ def main() -> None:
     from lakehouse_assets.ingest.landing import land_events
     from lakehouse_assets.ingest.micro_batching import mint_next_batch
     from lakehouse_assets.ingest.staging import stage_batch
+    from lakehouse_assets.lakehouse import Lakehouse
 
     lake = Lakehouse.from_env()
     spark = lakehouse_session(lake)

@@ -24,8 +24,6 @@ from pathlib import Path
 
 import yaml
 
-from lakehouse_assets.lakehouse import Lakehouse
-
 STREAMS = [
     {
         "name": "orders",
@@ -68,6 +66,7 @@ def _rounds(rounds: int, orders: int, changes: int) -> list[float]:
 
     from lakehouse_assets.definitions import build_definitions
     from lakehouse_assets.ingest.landing import land_events
+    from lakehouse_assets.lakehouse import Lakehouse
     from lakehouse_assets.runner import run_until_idle
 
     lake = Lakehouse.from_env()
@@ -92,6 +91,7 @@ def _rounds(rounds: int, orders: int, changes: int) -> list[float]:
 def _pass_branch_steps(samples: int) -> dict[str, list[float]]:
     from lakehouse_assets.commit.pass_branches import drop_pass_branch, open_pass_branch, publish_pass_branch
     from lakehouse_assets.engine.spark import lakehouse_session
+    from lakehouse_assets.lakehouse import Lakehouse
 
     lake = Lakehouse.from_env()
     spark = lakehouse_session(lake)

@@ -22,8 +22,6 @@ from pathlib import Path
 
 import yaml
 
-from lakehouse_assets.lakehouse import Lakehouse
-
 # (name, write mode, rows updated): every bucket touched, or one bucket of eight.
 CASES = (
     ("cow_all", "copy-on-write", "id % 10 = 0"),
@@ -65,6 +63,7 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from lakehouse_assets.engine.spark import lakehouse_session
+    from lakehouse_assets.lakehouse import Lakehouse
     from lakehouse_assets.source.iceberg_source import snapshot_changes
 
     lake = Lakehouse.from_env()

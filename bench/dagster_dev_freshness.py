@@ -47,8 +47,6 @@ from typing import Any
 
 import yaml
 
-from lakehouse_assets.lakehouse import Lakehouse
-
 STREAM = "bench_events"
 TABLE = "bench.events"
 TABLE_ASSET = "bench/events"
@@ -419,20 +417,17 @@ class TablePoller(threading.Thread):
 
     def __init__(self, interval: float = 1.0) -> None:
         super().__init__(name="table-poller", daemon=True)
-        from lakehouse_assets.config import load_config
-        from lakehouse_assets.paths import LakehousePaths
+        from lakehouse_assets.lakehouse import Lakehouse
 
         self.interval = interval
-        self.config, self.paths = load_config(), LakehousePaths.from_env()
+        self.lake = Lakehouse.from_env()
         self.samples: list[tuple[float, int]] = []
         self.errors: list[str] = []
         self._halt = threading.Event()
 
     def read_total(self) -> int:
         """The current snapshot's total-records, 0 before the table or its first snapshot exists."""
-        from lakehouse_assets.catalog.table_metadata import load_committed_table
-
-        table = load_committed_table(self.config, self.paths, TABLE)
+        table = self.lake.table(TABLE)
         snapshot = table.current_snapshot() if table else None
         if snapshot is None or snapshot.summary is None:
             return 0
@@ -610,6 +605,7 @@ def stop_dagster(process: subprocess.Popen[bytes], work: Workdir) -> list[int]:
 
 def verify_exactly_once(expected: int, first_id: int, last_id: int) -> dict[str, Any]:
     """Count rows, distinct ids and the id range of the committed snapshot with DuckDB."""
+    from lakehouse_assets.lakehouse import Lakehouse
     from lakehouse_assets.quality.duck import iceberg_connection, scan
 
     lake = Lakehouse.from_env()

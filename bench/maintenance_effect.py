@@ -26,8 +26,6 @@ from pathlib import Path
 
 import yaml
 
-from lakehouse_assets.lakehouse import Lakehouse
-
 CUSTOMERS = {
     "name": "customers",
     "table_identifier": "bench.customers",
@@ -67,6 +65,7 @@ def _commit_events(spark, lines: list[str], stream_name: str):
     from lakehouse_assets.ingest.landing import land_events
     from lakehouse_assets.ingest.micro_batching import mint_next_batch
     from lakehouse_assets.ingest.staging import stage_batch
+    from lakehouse_assets.lakehouse import Lakehouse
 
     lake = Lakehouse.from_env()
     stream = lake.stream(stream_name)
@@ -78,6 +77,7 @@ def _commit_events(spark, lines: list[str], stream_name: str):
 
 
 def _query_seconds(identifier: str) -> dict[str, float]:
+    from lakehouse_assets.lakehouse import Lakehouse
     from lakehouse_assets.quality.duck import iceberg_connection, scan
 
     lake = Lakehouse.from_env()
@@ -100,12 +100,14 @@ def _query_seconds(identifier: str) -> dict[str, float]:
 
 
 def _figures(identifier: str) -> dict:
+    from lakehouse_assets.lakehouse import Lakehouse
     from lakehouse_assets.quality.table_stats import table_stats
 
     return table_stats(Lakehouse.from_env().table(identifier))
 
 
 def _maintain(spark, identifier: str) -> float:
+    from lakehouse_assets.lakehouse import Lakehouse
     from lakehouse_assets.ops.maintenance import maintain_table
 
     started = time.perf_counter()
@@ -115,6 +117,7 @@ def _maintain(spark, identifier: str) -> float:
 
 def query_latency(workdir: Path, change_batches: int, rows: int, changes: int) -> None:
     from lakehouse_assets.engine.spark import lakehouse_session
+    from lakehouse_assets.lakehouse import Lakehouse
 
     _use_home(workdir / "queries", [CUSTOMERS])
     spark = lakehouse_session(Lakehouse.from_env())
@@ -148,6 +151,7 @@ def query_latency(workdir: Path, change_batches: int, rows: int, changes: int) -
 
 def commit_latency(workdir: Path, commits: int) -> None:
     from lakehouse_assets.engine.spark import lakehouse_session
+    from lakehouse_assets.lakehouse import Lakehouse
 
     print(f"\ncommit latency over {commits} commits of 100 rows")
     print("home | first 10 mean s | last 10 mean s | last/first | snapshots | metadata bytes | maintenance s")

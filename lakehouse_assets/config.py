@@ -15,15 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lakehouse_assets.catalog.catalogs import HADOOP, catalog_type, check_catalog
 from lakehouse_assets.catalog.iceberg_types import IcebergType, parse_type, type_name

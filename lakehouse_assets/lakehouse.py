@@ -1,16 +1,16 @@
 """The handle on one lakehouse: its configuration, where its files live, and its catalog.
 
-Built once per run (``Lakehouse.from_env()``, or by the Dagster resource) and handed to engine
-functions instead of the configuration and the paths separately, as PyIceberg hands around its
-``Catalog``. It pickles (a Spark host call carries it); the catalog client it uses is cached per
-process and catalog settings.
+Handed to engine functions instead of the configuration and the paths separately, as PyIceberg
+hands around its ``Catalog``. Build one with ``Lakehouse.from_env()`` (the Dagster resource does, at
+each call: routing adds a derived stream to the configuration while a run goes on, so do not keep
+one across routing). It pickles (a Spark host call carries it); the configuration's parse and the
+PyIceberg catalog client are cached per process.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from lakehouse_assets.catalog import table_metadata
@@ -49,10 +49,6 @@ class Lakehouse:
     def warehouse(self) -> str | None:
         """The catalog's warehouse location (None when the catalog knows its own)."""
         return table_metadata.warehouse_location(self.config.catalog, self.paths.warehouse)
-
-    def catalog(self) -> Catalog:
-        """PyIceberg's client of catalog ``lake`` (not for the hadoop catalog, which has none)."""
-        return table_metadata.catalog_client(self.config.catalog, self.warehouse)
 
     def metadata_location(self, identifier: str) -> str | None:
         """The table's current metadata file, or None when the table does not exist."""

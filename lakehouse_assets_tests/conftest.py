@@ -75,8 +75,8 @@ def paths(lakehouse_home: Path) -> LakehousePaths:
 
 
 @pytest.fixture
-def lake(config: LakehouseConfig, paths: LakehousePaths) -> Lakehouse:
-    return Lakehouse(config, paths)
+def lake(lakehouse_home: Path) -> Lakehouse:
+    return Lakehouse.from_env()
 
 
 @pytest.fixture

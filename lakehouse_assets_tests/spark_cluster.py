@@ -26,6 +26,7 @@ import pyspark
 from pyspark.sql import SparkSession
 
 from lakehouse_assets.engine.java_runtime import ensure_java_home
+from lakehouse_assets.lakehouse import Lakehouse
 
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_SECONDS = 90.0
@@ -61,7 +62,7 @@ class StandaloneCluster:
         return sorted(self.work_dir.glob("app-*"))
 
 
-def session_master(spark: SparkSession, lake: object) -> str:
+def session_master(spark: SparkSession, lake: Lakehouse) -> str:
     """An engine call (``function(spark, lake)``) that answers the master of the session running it,
     after running a job there."""
     spark.range(10).count()

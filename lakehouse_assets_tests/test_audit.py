@@ -86,10 +86,10 @@ def _commit_a_negative_amount(lake, instance):
 
 
 def test_a_batch_that_breaks_a_check_is_never_on_main_and_publishes_once_after_the_fix(
-    paths, tmp_path, monkeypatch, instance, capsys
+    tmp_path, monkeypatch, instance, capsys
 ):
     write_config(tmp_path, _audited_orders(NOT_NEGATIVE), monkeypatch)
-    lake = Lakehouse(load_config(), paths)
+    lake = Lakehouse.from_env()
     failed_snapshot = _commit_a_negative_amount(lake, instance)
 
     # Main is where it was, and the UI shows what the check found on the audited snapshot.
@@ -124,7 +124,7 @@ def test_a_batch_that_breaks_a_check_is_never_on_main_and_publishes_once_after_t
     assert cli.main(["audit", "publish", "--table", "sales.orders"]) == 0
     assert "main now at snapshot" in capsys.readouterr().out
     assert _main_history(lake)[-1] == failed_snapshot
-    lake = Lakehouse(load_config(), paths)
+    lake = Lakehouse.from_env()
     assert _run(lake.config, instance).failed == []
 
     assert _main_rows(lake) == [(1, 5.0), (2, 7.0), (3, -4.0), (4, 1.0), (5, 2.0)]
@@ -134,16 +134,16 @@ def test_a_batch_that_breaks_a_check_is_never_on_main_and_publishes_once_after_t
     assert _check(instance, names.SEQUENCE_CHECK).passed
 
 
-def test_discarded_batches_are_staged_again_with_the_fix_and_nothing_is_lost(paths, tmp_path, monkeypatch, instance):
+def test_discarded_batches_are_staged_again_with_the_fix_and_nothing_is_lost(tmp_path, monkeypatch, instance):
     write_config(tmp_path, _audited_orders(NOT_NEGATIVE), monkeypatch)
-    lake = Lakehouse(load_config(), paths)
+    lake = Lakehouse.from_env()
     failed_snapshot = _commit_a_negative_amount(lake, instance)
 
     assert cli.main(["audit", "discard", "--table", "sales.orders"]) == 0
     assert audit_state(lake.table("sales.orders")).awaiting_publish is False
     # The fix: events with a negative amount are dead letters instead of blocking the table.
     write_config(tmp_path, _audited_orders({**NOT_NEGATIVE, "on_failure": "dead_letter"}), monkeypatch)
-    lake = Lakehouse(load_config(), paths)
+    lake = Lakehouse.from_env()
     assert _run(lake.config, instance).failed == []
 
     assert _main_rows(lake) == [(1, 5.0), (2, 7.0), (4, 1.0)]

@@ -16,7 +16,6 @@ import pytest
 
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.commit.recovery import lakehouse_commits
-from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.ingest.landing import land_events
@@ -145,7 +144,7 @@ def test_random_change_streams_produce_exactly_the_model(
     format_version, landing_format, lakehouse_home, paths, instance, tmp_path, monkeypatch
 ):
     write_config(tmp_path, {"streams": [customers_stream(format_version, landing_format)]}, monkeypatch)
-    lake = Lakehouse(load_config(), paths)
+    lake = Lakehouse.from_env()
     stream = lake.stream("customers")
     defs = build_definitions(lake.config)
     generator = ChangeGenerator(seed=int(format_version) * 10 + len(landing_format), landing_format=landing_format)
@@ -200,7 +199,7 @@ def test_change_checks_fail_on_duplicated_keys_and_on_a_batch_not_applied(
     from lakehouse_assets.quality import checks
 
     write_config(tmp_path, {"streams": [customers_stream("2", "json")]}, monkeypatch)
-    lake = Lakehouse(load_config(), paths)
+    lake = Lakehouse.from_env()
     stream = lake.stream("customers")
     land_events(paths, stream, [json.dumps({"op": "c", "id": key, "name": "a"}) for key in range(5)])
     land_events(paths, stream, [json.dumps({"op": "d", "id": 1}), json.dumps({"op": "u", "id": 2, "name": "b"})])
@@ -247,7 +246,7 @@ def test_replaying_a_change_batch_leaves_the_same_table(lakehouse_home, paths, i
     from lakehouse_assets.ingest.conversion import accepted_rows
 
     write_config(tmp_path, {"streams": [customers_stream("2", "json")]}, monkeypatch)
-    lake = Lakehouse(load_config(), paths)
+    lake = Lakehouse.from_env()
     stream = lake.stream("customers")
     generator = ChangeGenerator(seed=5, landing_format="json")
     land_events(paths, stream, generator.batch(60))

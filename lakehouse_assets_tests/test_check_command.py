@@ -10,7 +10,6 @@ import dagster as dg
 import pytest
 from pyspark.sql import functions as F
 
-from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.engine.spark import lakehouse_session
@@ -48,22 +47,21 @@ def _lakehouse_check(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def customers(lakehouse_home, paths, instance, tmp_path, monkeypatch):
+def customers(lakehouse_home, instance, tmp_path, monkeypatch):
     """A keyed table committed by the pipeline: two change batches, the second an update and a delete."""
     write_config(tmp_path, {"streams": [CUSTOMERS_STREAM]}, monkeypatch)
-    lake = Lakehouse(load_config(), paths)
+    lake = Lakehouse.from_env()
     stream = lake.stream("customers")
-    land_events(paths, stream, [json.dumps({"op": "c", "id": key, "name": f"c{key}"}) for key in range(1, 6)])
-    land_events(paths, stream, [json.dumps({"op": "u", "id": 2, "name": "b"}), json.dumps({"op": "d", "id": 4})])
+    land_events(lake.paths, stream, [json.dumps({"op": "c", "id": key, "name": f"c{key}"}) for key in range(1, 6)])
+    land_events(lake.paths, stream, [json.dumps({"op": "u", "id": 2, "name": "b"}), json.dumps({"op": "d", "id": 4})])
     assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
-    return lake.config
+    return lake
 
 
 def test_a_planted_duplicate_key_fails_lakehouse_check_in_a_recorded_run_until_it_is_removed(
-    customers, paths, instance, tmp_path
+    customers, instance, tmp_path
 ):
-    lake = Lakehouse(customers, paths)
-    spark = lakehouse_session(lake)
+    spark = lakehouse_session(customers)
     planted = spark.table("lake.crm.customers").where("id = 3").withColumn("name", F.lit("planted"))
     planted.writeTo("lake.crm.customers").append()
 

@@ -77,7 +77,12 @@ def test_the_engine_imports_no_dagster():
 
 def test_no_function_takes_the_configuration_and_the_paths_instead_of_the_handle():
     both = []
-    for path in PACKAGE.rglob("*.py"):
+    project = PACKAGE.parent
+    for path in [
+        *PACKAGE.rglob("*.py"),
+        *(project / "bench").glob("*.py"),
+        *(project / "lakehouse_assets_tests").rglob("*.py"),
+    ]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 parameters = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}

@@ -50,7 +50,7 @@ def _run(config, instance):
 def _reject_then_fix(paths, tmp_path, monkeypatch, instance):
     """Commit four events, three of them dead letters, then make ``amount`` optional."""
     write_config(tmp_path, _orders(amount_required=True), monkeypatch)
-    lake = Lakehouse(load_config(), paths)
+    lake = Lakehouse.from_env()
     events = [{"order_id": 1, "amount": 1.5}, {"order_id": 2, "amount": "n/a"}, {"order_id": 3}, {"amount": 2.0}]
     land_events(paths, lake.stream("orders"), [json.dumps(event) for event in events])
     _run(lake.config, instance)

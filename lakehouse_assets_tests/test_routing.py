@@ -133,7 +133,7 @@ def test_a_router_killed_mid_batch_routes_every_event_once_on_restart(routed, pa
     restarted = run_pipeline_process()
 
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
-    assert_every_messy_event_is_accounted_for(Lakehouse(load_config(), paths))
+    assert_every_messy_event_is_accounted_for(Lakehouse.from_env())
 
 
 CHANGES = {
@@ -147,9 +147,7 @@ CHANGES = {
 }
 
 
-def test_routed_changes_apply_in_order_and_a_missing_table_is_a_dead_letter(
-    lakehouse_home, tmp_path, monkeypatch, paths
-):
+def test_routed_changes_apply_in_order_and_a_missing_table_is_a_dead_letter(lakehouse_home, tmp_path, monkeypatch):
     write_config(tmp_path, {"streams": [CHANGES]}, monkeypatch)
     lake = Lakehouse.from_env()
     spark = lakehouse_session(lake)
@@ -245,14 +243,14 @@ def test_a_database_of_tables_commits_every_event_once_in_runs_independent_of_th
 
     # The router routes (the tables are new), then one committer run stages and commits all 40.
     assert report.failed == [] and len(report.succeeded) == 2, report.succeeded
-    assert_tenant_tables_hold(Lakehouse(load_config(), paths), first_round)
+    assert_tenant_tables_hold(Lakehouse.from_env(), first_round)
 
     second_round = land_tenant_events(paths, 1200, 800, tables=40)
     report = run_pipeline_until_idle(instance, log=lambda _: None)
 
     # Now every table is in the definitions: the router's run routes, stages and commits them all.
     assert report.failed == [] and [label.split()[0] for label in report.succeeded] == ["tenants_stage_job"]
-    lake = Lakehouse(load_config(), paths)
+    lake = Lakehouse.from_env()
     assert_tenant_tables_hold(lake, first_round + second_round)
     for index in range(40):
         key = names.table_key(f"t.tenant_{index:02d}")
@@ -287,7 +285,7 @@ def test_a_routed_table_that_cannot_commit_is_reported_on_it_and_the_others_comm
     # The writer run fails naming tenant_01 (and so does the committer run the sensor requests for it).
     assert {label.split()[0] for label in report.failed} <= {"tenants_stage_job", "tenants_routed_commit_job"}
     assert report.failed[0].startswith("tenants_stage_job")
-    lake = Lakehouse(load_config(), paths)
+    lake = Lakehouse.from_env()
     assert_tenant_tables_hold(lake, [e for e in first_round + second_round if "tenant_01" not in e])
     assert_tenant_tables_hold(lake, [e for e in first_round if "tenant_01" in e])
     gap = instance.get_latest_asset_check_evaluation_record(
@@ -319,4 +317,4 @@ def test_the_routed_tables_committer_killed_mid_cycle_commits_every_event_once_o
     restarted = run_pipeline_process()
 
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
-    assert_tenant_tables_hold(Lakehouse(load_config(), paths), first_round + second_round)
+    assert_tenant_tables_hold(Lakehouse.from_env(), first_round + second_round)

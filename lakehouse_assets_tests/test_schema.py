@@ -15,7 +15,7 @@ from pyiceberg.types import FixedType, NestedField, UUIDType
 from pyspark.sql import types as T
 
 from lakehouse_assets.catalog.iceberg_types import parse_type, type_name
-from lakehouse_assets.config import load_config, parse_config
+from lakehouse_assets.config import parse_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.engine.spark import lakehouse_session
@@ -135,7 +135,7 @@ NESTED = {
 @pytest.mark.spark
 def test_nested_columns_are_created_converted_recursively_and_checked(paths, tmp_path, monkeypatch, instance):
     write_config(tmp_path, {"streams": [NESTED]}, monkeypatch)
-    lake = Lakehouse(load_config(), paths)
+    lake = Lakehouse.from_env()
     events = [
         {"id": 1, "address": {"city": "Lyon", "zip": "69001", "geo": {"lat": "45.76", "lon": 4.83}}, "tags": ["a", 1]},
         {"id": 2, "address": {"city": "Oslo", "zip": "n/a", "extra": True}, "scores": {"x": "1.25", "y": "bad"}},
@@ -179,7 +179,7 @@ INFERRED = {"name": "clicks", "table_identifier": "web.clicks", "auto_create": T
 @pytest.mark.spark
 def test_a_table_without_declared_columns_is_created_from_the_first_batch(paths, tmp_path, monkeypatch, instance):
     write_config(tmp_path, {"streams": [INFERRED]}, monkeypatch)
-    lake = Lakehouse(load_config(), paths)
+    lake = Lakehouse.from_env()
     events = [
         {"user": 7, "page": "/a", "ok": True, "ms": 12.5, "meta": {"ua": "x", "dpr": 2}, "tags": ["t"], "gone": None},
         {"user": "8", "page": "/b", "ok": "false", "ms": 3, "meta": {}, "tags": [], "later": 1, "empty": {}},

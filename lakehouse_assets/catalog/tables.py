@@ -10,17 +10,9 @@ from py4j.java_gateway import JavaObject, JVMView
 from pyspark.sql import SparkSession
 
 from lakehouse_assets.catalog.iceberg_types import iceberg_schema_json, spark_ddl
-from lakehouse_assets.catalog.table_metadata import (
-    CATALOG_NAME,
-    qualified_name,
-)
+from lakehouse_assets.catalog.table_metadata import CATALOG_NAME, qualified_name
 from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
-from lakehouse_assets.config import (
-    SOURCE_POSITION_COLUMN,
-    SOURCE_POSITION_TYPE,
-    ColumnSpec,
-    StreamSpec,
-)
+from lakehouse_assets.config import SOURCE_POSITION_COLUMN, SOURCE_POSITION_TYPE, ColumnSpec, StreamSpec
 from lakehouse_assets.errors import ConfigError, TableNotFoundError
 from lakehouse_assets.lakehouse import Lakehouse
 

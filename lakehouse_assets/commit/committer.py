@@ -36,9 +36,7 @@ from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 
 from lakehouse_assets import faults
-from lakehouse_assets.catalog.table_metadata import (
-    qualified_name,
-)
+from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.catalog.tables import identifier_columns
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.commit.branches import AuditState, audit_state, sync_audit_branch

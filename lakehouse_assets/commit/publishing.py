@@ -27,9 +27,8 @@ from lakehouse_assets.commit.summary_keys import CommitStamp
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.errors import ConfigError, PublishRefusedError
 from lakehouse_assets.faults import crash_point
-from lakehouse_assets.ingest.batch_ledger import BatchRecord, StreamLedger
+from lakehouse_assets.ingest.batch_ledger import BatchRecord
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.paths import LakehousePaths
 
 
 @dataclass(frozen=True)
@@ -62,9 +61,9 @@ def _require_audited(config: LakehouseConfig, table_identifier: str) -> list[Str
     return config.tables()[table_identifier]
 
 
-def _audited_batches(paths: LakehousePaths, stream: StreamSpec, first: int, last: int) -> list[BatchRecord]:
+def _audited_batches(lake: Lakehouse, stream: StreamSpec, first: int, last: int) -> list[BatchRecord]:
     """The batches of an unpublished range with their staged Parquet; PublishRefusedError if gone."""
-    records = [r for r in StreamLedger(paths.staging(stream.name)).batches() if first <= r.sequence <= last]
+    records = [r for r in lake.ledger(stream.name).batches() if first <= r.sequence <= last]
     lost = [r.sequence for r in records if not (r.staged and r.events_path().is_dir())]
     if lost or len(records) != last - first + 1:
         raise PublishRefusedError(
@@ -102,7 +101,7 @@ def publish_table(
         dead_letters = 0
         for stream in streams:
             if stream.name in ranges:
-                batches = _audited_batches(lake.paths, stream, *ranges[stream.name])
+                batches = _audited_batches(lake, stream, *ranges[stream.name])
                 dead_letters += commit_dead_letters(spark, lake, stream, batches, stamp)
         crash_point(faults.PUBLISH_AFTER_DEAD_LETTERS)
         fast_forward(spark, table_identifier, MAIN_BRANCH, AUDIT_BRANCH)

@@ -238,11 +238,10 @@ def _awaiting_publish(
         )
         return
     context.log.info(f"{table_identifier}: audited snapshot {state.audit} is not published yet; checking it again")
-    lake = lakehouse.lake()
     yield dg.MaterializeResult(
         metadata={
             "snapshot_id": str(state.audit),
-            "metadata_location": lake.metadata_location(table_identifier),
+            "metadata_location": lakehouse.lake().metadata_location(table_identifier),
             "branch": AUDIT_BRANCH,
             "reported_again": True,
             names.RUN_RANGES_METADATA: dg.JsonMetadataValue(ranges),

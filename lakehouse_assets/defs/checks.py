@@ -4,7 +4,6 @@ the job that runs the blocking checks alone (``lakehouse check``)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import dagster as dg
 
@@ -203,7 +202,7 @@ def dead_letters_check(table_identifier: str) -> TableCheck:
         if lake.config.audits(table_identifier):
             outcomes = [
                 checks.check_staged_rejects(
-                    connection, stream, first, last, _staged_parquet(lake.paths.staging(stream), first, last)
+                    connection, stream, first, last, _staged_parquet(lake.ledger(stream), first, last)
                 )
                 for stream, (first, last) in sorted(target.ranges.items())
             ]
@@ -238,17 +237,16 @@ def dead_letters_check(table_identifier: str) -> TableCheck:
     )
 
 
-def _staged_parquet(staging: Path, first: int, last: int) -> list[str]:
+def _staged_parquet(ledger: StreamLedger, first: int, last: int) -> list[str]:
     """The staged Parquet of batches ``first`` to ``last`` that still have it."""
-    records = StreamLedger(staging).batches()
+    records = ledger.batches()
     return [
         str(r.events_path()) for r in records if first <= r.sequence <= last and r.staged and r.events_path().is_dir()
     ]
 
 
-def _last_published_changes(lakehouse: LakehouseResource, stream: StreamSpec) -> list[checks.CommittedChanges]:
+def _last_published_changes(ledger: StreamLedger) -> list[checks.CommittedChanges]:
     """Change batches the last committer run published; their staged Parquet is kept until the next run."""
-    ledger = lakehouse.lake().ledger(stream.name)
     return [
         checks.CommittedChanges(record.sequence, record.committed.snapshot_id, str(record.events_path()))
         for record in ledger.batches()
@@ -274,7 +272,7 @@ def change_checks(table_identifier: str, streams: list[StreamSpec]) -> list[Tabl
                 stream = lake.stream(stream.name)
                 keys = identifier_columns(lake, stream)
                 columns = [column.name for column in checks.snapshot_columns(snapshot)]
-                batches = _last_published_changes(lakehouse, stream)
+                batches = _last_published_changes(lake.ledger(stream.name))
                 outcomes.append(
                     checks.check_changes_applied(
                         iceberg_connection(), snapshot.metadata_location, batches, keys, columns, stream.order_column

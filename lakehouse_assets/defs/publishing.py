@@ -95,8 +95,7 @@ def discard_job(table_identifier: str) -> dg.JobDefinition:
         description=f"Point the audit branch of {table_identifier} back at main and stage its batches again.",
     )
     def discard(context: dg.OpExecutionContext, lakehouse: LakehouseResource, spark: SparkResource) -> None:
-        lake = lakehouse.lake()
-        result = spark.run(lake, discard_audited, table_identifier)
+        result = spark.run(lakehouse.lake(), discard_audited, table_identifier)
         if result is None:
             context.log.info(f"{table_identifier}: the audit branch holds nothing unpublished; nothing to discard")
             return

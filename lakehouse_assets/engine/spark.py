@@ -12,10 +12,7 @@ from importlib import resources
 from pyspark.sql import SparkSession
 
 from lakehouse_assets.catalog.catalogs import HADOOP, spark_catalog_properties
-from lakehouse_assets.catalog.table_metadata import (
-    CATALOG_NAME,
-    is_hadoop_catalog,
-)
+from lakehouse_assets.catalog.table_metadata import CATALOG_NAME, is_hadoop_catalog
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.engine.java_runtime import ensure_java_home
 from lakehouse_assets.lakehouse import Lakehouse

@@ -29,7 +29,7 @@ from lakehouse_assets import faults
 from lakehouse_assets.config import ColumnSpec, StreamSpec
 from lakehouse_assets.errors import describe_error
 from lakehouse_assets.faults import crash_point
-from lakehouse_assets.ingest.batch_ledger import EVENTS_DIR, BatchRecord, StreamLedger
+from lakehouse_assets.ingest.batch_ledger import EVENTS_DIR, BatchRecord
 from lakehouse_assets.ingest.conversion import BATCH_COLUMN, convert_events, read_landing_lines, staged_events
 from lakehouse_assets.ingest.inference import SAMPLE_EVENTS, infer_columns
 from lakehouse_assets.ingest.staging import (
@@ -41,7 +41,6 @@ from lakehouse_assets.ingest.staging import (
     staging_schema,
 )
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.paths import LakehousePaths
 
 FAN_IN_DIR = "fan-in"
 ABANDONED_AFTER_SECONDS = 3600
@@ -104,7 +103,7 @@ def stage_routed_batches(
     _remove_abandoned_work(lake.paths.staging(router.name) / FAN_IN_DIR)
     for group in groups.values():
         try:
-            one_by_one.extend(_stage_group(spark, lake.paths, router, group, run_id))
+            one_by_one.extend(_stage_group(spark, lake, router, group, run_id))
         except Exception:  # noqa: BLE001 - e.g. an event the job fails on: staged alone, each batch finds out
             one_by_one.extend(group.batches)
     for batch in one_by_one:
@@ -127,18 +126,18 @@ def _remove_abandoned_work(fan_in: Path) -> None:
 
 
 def _stage_group(
-    spark: SparkSession, paths: LakehousePaths, router: StreamSpec, group: _Group, run_id: str | None
+    spark: SparkSession, lake: Lakehouse, router: StreamSpec, group: _Group, run_id: str | None
 ) -> list[PendingBatch]:
     """Convert and write the group's batches in one job, partitioned by batch, then give each
     batch its partition as a new attempt and record it (the first recorded attempt wins, as in
     ``stage_batch``). Returns the batches the job wrote nothing for (none expected: every routed
     event is a staged row or a dead letter), to stage alone."""
-    work = paths.staging(router.name) / FAN_IN_DIR / uuid.uuid4().hex[:16]
+    work = lake.paths.staging(router.name) / FAN_IN_DIR / uuid.uuid4().hex[:16]
     try:
         files: list[str] = []
         batch_of_file: list[int] = []
         for index, batch in enumerate(group.batches):
-            batch_files = landing_files(paths, batch.stream, batch.record)
+            batch_files = landing_files(lake.paths, batch.stream, batch.record)
             files.extend(batch_files)
             batch_of_file.extend([index] * len(batch_files))
         lines = read_landing_lines(spark, files, work / "inputs", batch_of_file)
@@ -160,7 +159,7 @@ def _stage_group(
             if index not in figures:
                 unwritten.append(batch)
                 continue
-            ledger = StreamLedger(paths.staging(batch.stream.name))
+            ledger = lake.ledger(batch.stream.name)
             attempt, attempt_dir = ledger.new_attempt(batch.record.sequence)
             attempt_dir.mkdir(parents=True)
             # The partition becomes the attempt's Parquet: a rename, the staging root is one disk.

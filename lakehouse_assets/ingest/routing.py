@@ -31,12 +31,7 @@ from lakehouse_assets.commit.dead_letters import DEAD_LETTER_SUFFIX, commit_dead
 from lakehouse_assets.commit.locks import exclusive_lock, stream_lock_file, table_lock_file
 from lakehouse_assets.commit.recovery import next_epoch
 from lakehouse_assets.commit.summary_keys import CommitStamp
-from lakehouse_assets.config import (
-    ROUTED_TABLE,
-    ROUTER_DEAD_LETTER_NAMESPACE,
-    TEMPLATE_POINTER,
-    StreamSpec,
-)
+from lakehouse_assets.config import ROUTED_TABLE, ROUTER_DEAD_LETTER_NAMESPACE, TEMPLATE_POINTER, StreamSpec
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import EVENTS_DIR, BatchRecord, CommittedBatch, StagedBatch, StreamLedger
 from lakehouse_assets.ingest.conversion import read_landing_lines

@@ -32,11 +32,7 @@ from lakehouse_assets.ingest.landing import landing_dir, list_landing_files
 from lakehouse_assets.ops.maintenance import sql_string_literal
 from lakehouse_assets.runner import IN_PROCESS_SPARK, run_job, run_until_idle
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
-from lakehouse_assets_tests.fault_injection.pipeline import (
-    land_round,
-    run_pipeline_process,
-    start_lakehouse_process,
-)
+from lakehouse_assets_tests.fault_injection.pipeline import land_round, run_pipeline_process, start_lakehouse_process
 
 TABLES = ("sales.orders", "crm.customers")
 DEADLINE_SECONDS = 300
