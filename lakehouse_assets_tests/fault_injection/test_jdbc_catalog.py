@@ -94,6 +94,18 @@ def _catalog_rows(server: PostgresServer) -> dict[str, str]:
         connection.close()
 
 
+def _second_host(lake: Lakehouse, tmp_path: Path) -> dict[str, str]:
+    """The environment of host B: its own home (locks, Dagster instance), this home as the shared
+    storage root, the same catalog."""
+    host_b = tmp_path / "host-b"
+    (host_b / "dagster").mkdir(parents=True)
+    return {
+        "LAKEHOUSE_HOME": str(host_b / "home"),
+        "DAGSTER_HOME": str(host_b / "dagster"),
+        STORAGE_ROOT_ENV: str(lake.paths.home),
+    }
+
+
 def _files_containing(root: Path, needle: str) -> list[Path]:
     found = []
     for path in root.rglob("*"):
@@ -175,14 +187,7 @@ def test_maintenance_with_expiry_keeps_recovery_exactly_once(lake):
 @pytest.mark.parametrize("point", [faults.COMMITTER_BEFORE_COMMIT, faults.COMMITTER_BEFORE_PUBLISH])
 def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point, lake, tmp_path):
     land_round(lake, 1)
-    # Host B: its own home (locks, Dagster instance), this home as the shared storage root.
-    host_b = tmp_path / "host-b"
-    (host_b / "dagster").mkdir(parents=True)
-    on_host_b = {
-        "LAKEHOUSE_HOME": str(host_b / "home"),
-        "DAGSTER_HOME": str(host_b / "dagster"),
-        STORAGE_ROOT_ENV: str(lake.paths.home),
-    }
+    on_host_b = _second_host(lake, tmp_path)
     pauses = tmp_path / "pauses"
     pauses.mkdir()
 
@@ -200,6 +205,41 @@ def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point
     assert host_a.wait(timeout=600) == 0, (tmp_path / "host-a.log").read_text()[-3000:]
 
     assert "another committer published" in (tmp_path / "host-a.log").read_text()
+    assert run_pipeline_process().returncode == 0
+    assert invariant_violations(lake) == []
+    for identifier in TABLES:
+        assert each_batch_committed_once(lake, identifier), identifier
+
+
+def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each_batch_once(lake, tmp_path):
+    land_round(lake, 1)
+    assert run_pipeline_process().returncode == 0
+    land_round(lake, 2)
+    host_b = _second_host(lake, tmp_path)
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    heads = {identifier: lake.table(identifier).current_snapshot().snapshot_id for identifier in TABLES}
+
+    # Host A writes round 2 on its pass branches, then stalls before publishing; host B compacts,
+    # expires and removes orphans on the same tables, so main moves under host A.
+    point = faults.COMMITTER_BEFORE_PUBLISH
+    host_a = start_pipeline_process({faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, tmp_path / "a.log")
+    deadline = time.monotonic() + 300
+    while not (pauses / f"{point}.paused").exists():
+        assert time.monotonic() < deadline and host_a.poll() is None, (tmp_path / "a.log").read_text()[-3000:]
+        time.sleep(0.2)
+    maintained = run_lakehouse_process(["maintain"], host_b)
+    assert maintained.returncode == 0, maintained.stdout[-3000:] + maintained.stderr[-3000:]
+    moved = [
+        identifier
+        for identifier in TABLES
+        if lake.table(identifier).current_snapshot().snapshot_id != heads[identifier]
+    ]
+    assert moved, "host B's maintenance committed nothing to main; the race did not happen"
+    (pauses / f"{point}.release").touch()
+    assert host_a.wait(timeout=600) == 0, (tmp_path / "a.log").read_text()[-3000:]
+
+    assert "another committer published" in (tmp_path / "a.log").read_text()
     assert run_pipeline_process().returncode == 0
     assert invariant_violations(lake) == []
     for identifier in TABLES:
