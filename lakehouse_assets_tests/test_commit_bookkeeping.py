@@ -1,0 +1,97 @@
+"""The committer's bookkeeping without a JVM: the staging ledger, the commit plan, and what recovery
+reads back from a real Iceberg table's snapshot summaries (written by PyIceberg's SQL catalog on
+SQLite with the keys the committer stamps; no Spark)."""
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+
+from lakehouse_assets.commit.committer import plan_commit
+from lakehouse_assets.commit.recovery import committed_landing_files, committed_state, next_epoch
+from lakehouse_assets.commit.summary_keys import CommitStamp, commit_summary
+from lakehouse_assets.errors import BatchConflictError, SequenceGapError
+from lakehouse_assets.ingest.batch_ledger import MintedBatch, StagedBatch, StreamLedger
+
+
+def _minted(sequence: int, files: list[str] | None = None) -> MintedBatch:
+    files = files or [f"landing-{sequence}.ndjson"]
+    return MintedBatch("orders", sequence, "sales.orders", files, 10, 0.0, 0.0)
+
+
+def _staged(sequence: int, attempt: str = "a") -> StagedBatch:
+    return StagedBatch(sequence, attempt, rows=1, rejected=0, min_event_time=None, max_event_time=None, staged_at=0.0)
+
+
+def _ledger_with(tmp_path, minted: list[int], staged: list[int]) -> StreamLedger:
+    ledger = StreamLedger(tmp_path / "staging" / "orders")
+    for sequence in minted:
+        ledger.mint(_minted(sequence))
+    for sequence in staged:
+        ledger.record_staged(_staged(sequence))
+    return ledger
+
+
+def test_a_sequence_is_minted_once_and_the_first_recorded_attempt_wins(tmp_path):
+    ledger = _ledger_with(tmp_path, [1], [])
+    with pytest.raises(BatchConflictError, match="batch 1 was minted already"):
+        ledger.mint(_minted(1, ["another.ndjson"]))
+    (first, first_dir), (second, second_dir) = ledger.new_attempt(1), ledger.new_attempt(1)
+    first_dir.mkdir()
+    second_dir.mkdir()
+
+    assert ledger.record_staged(_staged(1, first))
+    assert not ledger.record_staged(_staged(1, second))
+    ledger.remove_attempts(1, keep=first)
+
+    assert ledger.batch(1).staged.attempt == first
+    assert (first_dir.exists(), second_dir.exists()) == (True, False)
+    assert ledger.claimed_files() == {"landing-1.ndjson"}
+
+
+def test_a_mint_that_died_before_its_record_leaves_no_batch_and_its_sequence_is_minted_next(tmp_path):
+    ledger = _ledger_with(tmp_path, [1], [])
+    ledger.batch(1).directory.with_name(f"{2:010d}").mkdir()  # the directory, not yet batch.json
+
+    assert [record.sequence for record in ledger.batches()] == [1]
+    assert ledger.latest().sequence == ledger.highest_sequence() == 1
+    ledger.mint(_minted(2))
+    assert ledger.latest().sequence == 2
+
+
+def test_the_plan_takes_staged_batches_in_order_and_waits_at_the_first_unstaged_one(tmp_path):
+    ledger = _ledger_with(tmp_path, [1, 2, 3, 4], [1, 2, 3])
+
+    plan = plan_commit(ledger, "orders", committed_sequence=1)
+
+    assert [record.sequence for record in plan.ready] == [2, 3]
+    assert plan.recovered == [1]  # in the table's ancestry, not yet recorded in the ledger
+    assert plan.waiting_on == "batch 4 is minted but not staged yet"
+
+
+def test_a_batch_missing_from_the_ledger_stops_the_plan_naming_it(tmp_path):
+    ledger = _ledger_with(tmp_path, [1, 3], [1, 3])
+
+    with pytest.raises(SequenceGapError, match="batch 2 is missing from the staging ledger but batch 3 exists"):
+        plan_commit(ledger, "orders", committed_sequence=0)
+
+
+def test_recovery_reads_the_committed_sequence_epoch_and_files_from_the_snapshot_summaries(tmp_path):
+    ledger = _ledger_with(tmp_path, [1, 2, 3], [1, 2, 3])
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/warehouse")
+    catalog.create_namespace("sales")
+    table = catalog.create_table("sales.orders", pa.schema([("order_id", pa.int64())]))
+    assert committed_state(table, "orders").sequence == 0 and next_epoch(table) == 1
+
+    rows = pa.table({"order_id": pa.array([1], pa.int64())})
+    first = commit_summary("orders", [ledger.batch(1)], 1, 1, CommitStamp(1, "run-a"))
+    table.append(rows, snapshot_properties=first)
+    later = commit_summary("orders", [ledger.batch(2), ledger.batch(3)], 1, 1, CommitStamp(2, "run-b"))
+    table.append(rows, snapshot_properties=later)
+    table = catalog.load_table("sales.orders")
+
+    state = committed_state(table, "orders")
+    assert (state.sequence, state.snapshot_id, state.epoch) == (3, table.current_snapshot().snapshot_id, 2)
+    assert next_epoch(table) == 3
+    assert committed_landing_files(table, "orders") == {"landing-1.ndjson", "landing-2.ndjson", "landing-3.ndjson"}
+    assert committed_state(table, "customers").sequence == 0
+    assert [record.sequence for record in plan_commit(ledger, "orders", state.sequence).ready] == []
