@@ -33,6 +33,8 @@ COMMITTER_BEFORE_PUBLISH = "committer.before_publish"
 COMMITTER_DURING_CLEANUP = "committer.during_cleanup"
 MAINTENANCE_AFTER_CHECKPOINT = "maintenance.after_checkpoint_before_expiry"
 COMMITTER_AFTER_SCHEMA_CHANGE = "committer.after_schema_change_before_commit"
+# Between reading the table's columns and adding the missing ones (another host may add them).
+SCHEMA_BEFORE_ADD_COLUMNS = "schema.before_add_columns"
 ROUTER_DURING_PUBLISH = "router.during_publish"
 ROUTER_AFTER_DEAD_LETTERS = "router.after_dead_letters_before_bookkeeping"
 SOURCE_AFTER_EMIT = "source.after_emit_before_checkpoint"

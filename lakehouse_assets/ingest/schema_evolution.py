@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from lakehouse_assets import faults
 from lakehouse_assets.catalog.iceberg_types import (
     FIELD_NAME,
     Struct,
@@ -32,6 +33,7 @@ from lakehouse_assets.catalog.iceberg_types import (
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.commit.recovery import MAIN_BRANCH, branch_head
 from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.change_events import event_shape
 from lakehouse_assets.ingest.inference import infer_type
 from lakehouse_assets.ingest.staged_format import EVENT_COLUMN
@@ -143,7 +145,8 @@ def proposed_fields(columns: dict[str, str]) -> dict[str, str]:
 
 def add_missing_columns(spark: SparkSession, table_identifier: str, columns: dict[str, str]) -> dict[str, str]:
     """Add the columns and struct fields the table still lacks (call holding the table's lock),
-    shallowest first; returns those added."""
+    shallowest first; returns those this call added. Columns that a committer on another host (whose
+    lock is its own) added in the meantime count as present."""
     added: dict[str, str] = {}
     for depth in sorted({name.count(".") for name in columns}):
         schema = spark.table(qualified_name(table_identifier)).schema
@@ -157,7 +160,17 @@ def add_missing_columns(spark: SparkSession, table_identifier: str, columns: dic
                 f"{'.'.join(f'`{part}`' for part in name.split('.'))} {spark_ddl(parse_type(kind))}"
                 for name, kind in missing.items()
             )
-            spark.sql(f"ALTER TABLE {qualified_name(table_identifier)} ADD COLUMNS ({definitions})")
+            crash_point(faults.SCHEMA_BEFORE_ADD_COLUMNS)
+            try:
+                spark.sql(f"ALTER TABLE {qualified_name(table_identifier)} ADD COLUMNS ({definitions})")
+            except Exception:  # noqa: BLE001 - Spark refuses a column that exists; decided below
+                # Another host added them first: the table has them (the first committed type wins,
+                # as for any batch). Anything else is raised.
+                spark.catalog.refreshTable(qualified_name(table_identifier))
+                schema = spark.table(qualified_name(table_identifier)).schema
+                if any(_has_field(schema, name.split(".")) is False for name in missing):
+                    raise
+                continue
             added.update(missing)
     return added
 

@@ -6,6 +6,8 @@ The first round runs once per session; each test starts from a copy of its files
 its catalog database (``CREATE DATABASE ... TEMPLATE``).
 """
 
+import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -16,8 +18,10 @@ import yaml
 
 from lakehouse_assets import faults
 from lakehouse_assets.engine.spark import DRIVER_MEMORY_ENV, MASTER_ENV
+from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import STORAGE_ROOT_ENV
+from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
 from lakehouse_assets_tests.fault_injection.invariants import each_batch_committed_once, invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
@@ -244,3 +248,38 @@ def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each
     assert invariant_violations(lake) == []
     for identifier in TABLES:
         assert each_batch_committed_once(lake, identifier), identifier
+
+
+def test_two_hosts_adding_the_same_columns_at_once_both_go_on_and_each_batch_commits_once(lakehouse_home, tmp_path):
+    config_file = Path(os.environ["LAKEHOUSE_CONFIG"])
+    document = yaml.safe_load(config_file.read_text())
+    for stream in document["streams"]:
+        stream["schema_evolution"] = stream["name"] == "orders"
+    config_file.write_text(yaml.safe_dump(document))
+    lake = Lakehouse.from_env()
+    land_round(lake, 1)
+    coupons = [json.dumps({"order_id": 1000 + i, "amount": 1.0, "coupon": f"c{i}"}) for i in range(5)]
+    land_events(lake.paths, lake.stream("orders"), coupons)
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+
+    # Host A has read the table's columns and is about to add `coupon`; host B adds it and commits.
+    point = faults.SCHEMA_BEFORE_ADD_COLUMNS
+    host_a = start_pipeline_process({faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, tmp_path / "a.log")
+    deadline = time.monotonic() + 300
+    while not (pauses / f"{point}.paused").exists():
+        assert time.monotonic() < deadline and host_a.poll() is None, (tmp_path / "a.log").read_text()[-3000:]
+        time.sleep(0.2)
+    completed = run_pipeline_process(_second_host(lake, tmp_path))
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "coupon" in lake.table("sales.orders").schema().column_names
+    (pauses / f"{point}.release").touch()
+    assert host_a.wait(timeout=600) == 0, (tmp_path / "a.log").read_text()[-3000:]
+
+    assert run_pipeline_process().returncode == 0
+    assert invariant_violations(lake) == []
+    for identifier in TABLES:
+        assert each_batch_committed_once(lake, identifier), identifier
+    orders = scan(lake.metadata_location("sales.orders"), lake.table("sales.orders").current_snapshot().snapshot_id)
+    coupons_read = iceberg_connection().sql(f"SELECT coupon FROM {orders} WHERE coupon IS NOT NULL ORDER BY 1")
+    assert [row[0] for row in coupons_read.fetchall()] == [f"c{i}" for i in range(5)]
