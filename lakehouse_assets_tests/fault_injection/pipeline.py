@@ -11,6 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from lakehouse_assets import faults
@@ -118,6 +121,27 @@ def kill_at_then_restart(point: str) -> None:
 def start_pipeline_process(extra_env: dict[str, str], log: Path) -> subprocess.Popen:
     """Start ``lakehouse run --until-idle`` without waiting; output goes to ``log``."""
     return start_lakehouse_process(["run", "--until-idle"], extra_env, log)
+
+
+@contextmanager
+def pipeline_paused_at(point: str, work: Path) -> Iterator[Path]:
+    """``lakehouse run --until-idle`` started and held at fault point ``point`` while the block runs,
+    then released; the block gets the run's log, and the run must end successfully."""
+    pauses = work / "pauses"
+    pauses.mkdir(exist_ok=True)
+    log = work / "paused-run.log"
+    paused = start_pipeline_process({faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, log)
+    deadline = time.monotonic() + faults.PAUSE_TIMEOUT_SECONDS
+    while not (pauses / f"{point}.paused").exists():
+        assert time.monotonic() < deadline and paused.poll() is None, (
+            f"never paused at {point}:\n{log.read_text()[-3000:]}"
+        )
+        time.sleep(0.2)
+    try:
+        yield log
+    finally:
+        (pauses / f"{point}.release").touch()
+    assert paused.wait(timeout=600) == 0, log.read_text()[-3000:]
 
 
 def start_lakehouse_process(arguments: list[str], extra_env: dict[str, str], log: Path) -> subprocess.Popen:

@@ -9,7 +9,6 @@ its catalog database (``CREATE DATABASE ... TEMPLATE``).
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import psycopg2
@@ -28,10 +27,10 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
     PIPELINE,
     kill_at_then_restart,
     land_round,
+    pipeline_paused_at,
     run_lakehouse_process,
     run_pipeline_process,
     run_two_pipelines_at_once,
-    start_pipeline_process,
 )
 from lakehouse_assets_tests.postgres_server import SERVER_USER, PostgresServer, jdbc_driver_jar
 from lakehouse_assets_tests.spark_cluster import cluster_environment, standalone_cluster
@@ -192,23 +191,13 @@ def test_maintenance_with_expiry_keeps_recovery_exactly_once(lake):
 def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point, lake, tmp_path):
     land_round(lake, 1)
     on_host_b = _second_host(lake, tmp_path)
-    pauses = tmp_path / "pauses"
-    pauses.mkdir()
 
     # Host A plans its commit, then stalls at the commit point; host B commits the same batches.
-    host_a = start_pipeline_process(
-        {faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, tmp_path / "host-a.log"
-    )
-    deadline = time.monotonic() + 300
-    while not (pauses / f"{point}.paused").exists():
-        assert time.monotonic() < deadline and host_a.poll() is None, (tmp_path / "host-a.log").read_text()[-3000:]
-        time.sleep(0.2)
-    completed = run_pipeline_process(on_host_b)
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    (pauses / f"{point}.release").touch()
-    assert host_a.wait(timeout=600) == 0, (tmp_path / "host-a.log").read_text()[-3000:]
+    with pipeline_paused_at(point, tmp_path) as host_a_log:
+        completed = run_pipeline_process(on_host_b)
+        assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
 
-    assert "another committer published" in (tmp_path / "host-a.log").read_text()
+    assert "another committer published" in host_a_log.read_text()
     assert run_pipeline_process().returncode == 0
     assert invariant_violations(lake) == []
     for identifier in TABLES:
@@ -220,30 +209,21 @@ def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each
     assert run_pipeline_process().returncode == 0
     land_round(lake, 2)
     host_b = _second_host(lake, tmp_path)
-    pauses = tmp_path / "pauses"
-    pauses.mkdir()
     heads = {identifier: lake.table(identifier).current_snapshot().snapshot_id for identifier in TABLES}
 
     # Host A writes round 2 on its pass branches, then stalls before publishing; host B compacts,
     # expires and removes orphans on the same tables, so main moves under host A.
-    point = faults.COMMITTER_BEFORE_PUBLISH
-    host_a = start_pipeline_process({faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, tmp_path / "a.log")
-    deadline = time.monotonic() + 300
-    while not (pauses / f"{point}.paused").exists():
-        assert time.monotonic() < deadline and host_a.poll() is None, (tmp_path / "a.log").read_text()[-3000:]
-        time.sleep(0.2)
-    maintained = run_lakehouse_process(["maintain"], host_b)
-    assert maintained.returncode == 0, maintained.stdout[-3000:] + maintained.stderr[-3000:]
-    moved = [
-        identifier
-        for identifier in TABLES
-        if lake.table(identifier).current_snapshot().snapshot_id != heads[identifier]
-    ]
-    assert moved, "host B's maintenance committed nothing to main; the race did not happen"
-    (pauses / f"{point}.release").touch()
-    assert host_a.wait(timeout=600) == 0, (tmp_path / "a.log").read_text()[-3000:]
+    with pipeline_paused_at(faults.COMMITTER_BEFORE_PUBLISH, tmp_path) as host_a_log:
+        maintained = run_lakehouse_process(["maintain"], host_b)
+        assert maintained.returncode == 0, maintained.stdout[-3000:] + maintained.stderr[-3000:]
+        moved = [
+            identifier
+            for identifier in TABLES
+            if lake.table(identifier).current_snapshot().snapshot_id != heads[identifier]
+        ]
+        assert moved, "host B's maintenance committed nothing to main; the race did not happen"
 
-    assert "another committer published" in (tmp_path / "a.log").read_text()
+    assert "another committer published" in host_a_log.read_text()
     assert run_pipeline_process().returncode == 0
     assert invariant_violations(lake) == []
     for identifier in TABLES:
@@ -260,21 +240,12 @@ def test_two_hosts_adding_the_same_columns_at_once_both_go_on_and_each_batch_com
     land_round(lake, 1)
     coupons = [json.dumps({"order_id": 1000 + i, "amount": 1.0, "coupon": f"c{i}"}) for i in range(5)]
     land_events(lake.paths, lake.stream("orders"), coupons)
-    pauses = tmp_path / "pauses"
-    pauses.mkdir()
 
     # Host A has read the table's columns and is about to add `coupon`; host B adds it and commits.
-    point = faults.SCHEMA_BEFORE_ADD_COLUMNS
-    host_a = start_pipeline_process({faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, tmp_path / "a.log")
-    deadline = time.monotonic() + 300
-    while not (pauses / f"{point}.paused").exists():
-        assert time.monotonic() < deadline and host_a.poll() is None, (tmp_path / "a.log").read_text()[-3000:]
-        time.sleep(0.2)
-    completed = run_pipeline_process(_second_host(lake, tmp_path))
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    assert "coupon" in lake.table("sales.orders").schema().column_names
-    (pauses / f"{point}.release").touch()
-    assert host_a.wait(timeout=600) == 0, (tmp_path / "a.log").read_text()[-3000:]
+    with pipeline_paused_at(faults.SCHEMA_BEFORE_ADD_COLUMNS, tmp_path):
+        completed = run_pipeline_process(_second_host(lake, tmp_path))
+        assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+        assert "coupon" in lake.table("sales.orders").schema().column_names
 
     assert run_pipeline_process().returncode == 0
     assert invariant_violations(lake) == []
