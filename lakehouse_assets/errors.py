@@ -39,6 +39,10 @@ class TruncatedAncestryError(LakehouseError):
     """Snapshots expired without a lakehouse checkpoint, so what was committed before them is unknown."""
 
 
+class TableMovedError(LakehouseError):
+    """The table changed between reading it and writing what was decided from it; nothing was written."""
+
+
 class SourceCheckpointError(LakehouseError):
     """The last source snapshot synced expired or left the ancestry; only a new initial load recovers."""
 

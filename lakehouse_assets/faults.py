@@ -31,6 +31,8 @@ COMMITTER_AFTER_COMMIT = "committer.after_commit_before_bookkeeping"
 # On a catalog that fences across hosts: the pass's commits are on its own branch, not yet published.
 COMMITTER_BEFORE_PUBLISH = "committer.before_publish"
 COMMITTER_DURING_CLEANUP = "committer.during_cleanup"
+# Between reading the table to expire and recording its checkpoint (another host may maintain it).
+MAINTENANCE_BEFORE_CHECKPOINT = "maintenance.before_checkpoint"
 MAINTENANCE_AFTER_CHECKPOINT = "maintenance.after_checkpoint_before_expiry"
 COMMITTER_AFTER_SCHEMA_CHANGE = "committer.after_schema_change_before_commit"
 # Between reading the table's columns and adding the missing ones (another host may add them).

@@ -37,9 +37,11 @@ def remove_committed_landing_files(
             kept_for_retention += 1
             continue
         for name in record.minted.files:
-            if (directory / name).exists():
+            try:
                 (directory / name).unlink()
                 removed += 1
+            except FileNotFoundError:  # removed before, here or by another host's maintenance
+                pass
         # With its files gone the ledger entry can never be used again; the table holds the sequence.
         ledger.remove_batch(record.sequence)
         forgotten += 1

@@ -21,12 +21,14 @@ from pyspark.sql import SparkSession
 
 from lakehouse_assets import faults
 from lakehouse_assets.catalog.table_metadata import qualified_name
+from lakehouse_assets.catalog.table_properties import set_property_if_unchanged
 from lakehouse_assets.catalog.tables import CATALOG_NAME
 from lakehouse_assets.commit.branches import audit_state, sync_audit_branch
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
 from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.commit.recovery import CHECKPOINT_PROPERTY, table_history
 from lakehouse_assets.config import CompactionSpec, ExpirySpec, MaintenanceSpec, StreamSpec
+from lakehouse_assets.errors import TableMovedError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.landing import landing_dir, list_landing_files
 from lakehouse_assets.ingest.landing_retention import remove_committed_landing_files
@@ -35,6 +37,8 @@ from lakehouse_assets.paths import LakehousePaths
 
 LandedCheck = Callable[[str, str], bool]
 """``landed(stream, file_name)``: whether the stream's landing file is still in the landing zone."""
+# Checkpoints computed again when the table moved under each one; then expiry waits for next time.
+CHECKPOINT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,8 @@ def record_checkpoint(
 
     Of their landing files only those still ``landed`` are carried: landing retention removes a
     file only once a checkpoint covers its batch, and a removed file cannot be batched again.
+    The checkpoint is written only onto the metadata ``table`` was read from: another host may
+    have recorded a newer one since (then this raises TableMovedError and records nothing).
     """
     history = table_history(table)
     if oldest_kept.snapshot_id not in {snapshot.snapshot_id for snapshot in history.snapshots}:
@@ -132,31 +138,48 @@ def record_checkpoint(
         for stream, files in checkpoint.landing_files.items()
     }
     checkpoint = replace(checkpoint, landing_files={stream: files for stream, files in carried.items() if files})
-    spark.sql(
-        f"ALTER TABLE {qualified_name(identifier)} SET TBLPROPERTIES "
-        f"('{CHECKPOINT_PROPERTY}' = {sql_string_literal(checkpoint.to_json())})"
-    )
+    if not set_property_if_unchanged(
+        spark, identifier, table.metadata_location, CHECKPOINT_PROPERTY, checkpoint.to_json()
+    ):
+        raise TableMovedError(f"table {identifier} changed while its checkpoint was computed")
     return True
 
 
 def expire_snapshots(
     spark: SparkSession,
-    table: Table,
+    lake: Lakehouse,
     identifier: str,
     spec: ExpirySpec,
     now_ms: int,
     landed: LandedCheck = lambda stream, name: True,
 ) -> dict[str, Any]:
-    """Expire old snapshots after recording the checkpoint that keeps recovery working."""
+    """Expire old snapshots after recording the checkpoint that keeps recovery working.
+
+    Another host may commit to or maintain the same table meanwhile: a checkpoint computed from a
+    version that is no longer current is computed again, and the procedure expires no snapshot at
+    or after the checkpoint's, even when commits arrive between the checkpoint and the expiry
+    (Iceberg counts ``retain_last`` from the head it finds then).
+    """
     older_than_ms = now_ms - int(spec.older_than * 1000)
-    kept = retained_ancestors(table, older_than_ms, spec.retain_last)
-    if len(kept) == len(table.metadata.snapshots):
-        # Every snapshot is a retained ancestor: the procedure would expire nothing (a routed
-        # database has hundreds of such small tables; the call costs a Spark job each).
-        return {"checkpoint_recorded": False, "snapshots_kept_in_ancestry": len(kept), "skipped": "nothing expires"}
-    recorded = kept[-1].parent_snapshot_id is not None and record_checkpoint(spark, table, identifier, kept[-1], landed)
+    for _ in range(CHECKPOINT_ATTEMPTS):
+        table = lake.table(identifier)
+        kept = retained_ancestors(table, older_than_ms, spec.retain_last)
+        if len(kept) == len(table.metadata.snapshots):
+            # Every snapshot is a retained ancestor: the procedure would expire nothing (a routed
+            # database has hundreds of such small tables; the call costs a Spark job each).
+            return {"checkpoint_recorded": False, "snapshots_kept_in_ancestry": len(kept), "skipped": "nothing expires"}
+        crash_point(faults.MAINTENANCE_BEFORE_CHECKPOINT)
+        try:
+            recorded = kept[-1].parent_snapshot_id is not None and record_checkpoint(
+                spark, table, identifier, kept[-1], landed
+            )
+            break
+        except TableMovedError:
+            continue
+    else:
+        return {"checkpoint_recorded": False, "skipped": f"the table changed under {CHECKPOINT_ATTEMPTS} checkpoints"}
     crash_point(faults.MAINTENANCE_AFTER_CHECKPOINT)
-    older_than = _timestamp_literal(older_than_ms)
+    older_than = _timestamp_literal(min(older_than_ms, kept[-1].timestamp_ms))
     arguments = f"table => '{identifier}', older_than => {older_than}, retain_last => {spec.retain_last}"
     counts = _call(spark, "expire_snapshots", arguments)
     return {"checkpoint_recorded": recorded, "snapshots_kept_in_ancestry": len(kept), **counts}
@@ -209,7 +232,7 @@ def _maintain_one(
         (
             "expire_snapshots",
             spec.expire_snapshots.enabled,
-            lambda table: expire_snapshots(spark, table, identifier, spec.expire_snapshots, now_ms(), landed),
+            lambda table: expire_snapshots(spark, lake, identifier, spec.expire_snapshots, now_ms(), landed),
         ),
         (
             "remove_orphan_files",

@@ -62,6 +62,7 @@ AGGRESSIVE_MAINTENANCE = {
 }
 PIPELINE = {"streams": [{**stream, "maintenance": AGGRESSIVE_MAINTENANCE} for stream in (ORDERS, CUSTOMERS)]}
 OPERATIONS = ("c", "u", "d", "u", "c")
+RUN_UNTIL_IDLE = ("run", "--until-idle")
 
 
 def land_round(lake: Lakehouse, round_number: int) -> None:
@@ -91,7 +92,7 @@ def remove_staged_parquet(lake: Lakehouse) -> None:
 
 def run_pipeline_process(extra_env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """``lakehouse run --until-idle`` as a separate process with this test's homes and config."""
-    return run_lakehouse_process(["run", "--until-idle"], extra_env, timeout)
+    return run_lakehouse_process(list(RUN_UNTIL_IDLE), extra_env, timeout)
 
 
 def run_lakehouse_process(
@@ -120,17 +121,18 @@ def kill_at_then_restart(point: str) -> None:
 
 def start_pipeline_process(extra_env: dict[str, str], log: Path) -> subprocess.Popen:
     """Start ``lakehouse run --until-idle`` without waiting; output goes to ``log``."""
-    return start_lakehouse_process(["run", "--until-idle"], extra_env, log)
+    return start_lakehouse_process(list(RUN_UNTIL_IDLE), extra_env, log)
 
 
 @contextmanager
-def pipeline_paused_at(point: str, work: Path) -> Iterator[Path]:
-    """``lakehouse run --until-idle`` started and held at fault point ``point`` while the block runs,
-    then released; the block gets the run's log, and the run must end successfully."""
+def lakehouse_paused_at(point: str, work: Path, arguments: tuple[str, ...] = RUN_UNTIL_IDLE) -> Iterator[Path]:
+    """``lakehouse <arguments>`` (the pipeline unless told) started and held at fault point
+    ``point`` while the block runs, then released; the block gets the process's log, and the
+    process must end successfully."""
     pauses = work / "pauses"
-    pauses.mkdir(exist_ok=True)
-    log = work / "paused-run.log"
-    paused = start_pipeline_process({faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, log)
+    pauses.mkdir(parents=True, exist_ok=True)
+    log = work / "paused-process.log"
+    paused = start_lakehouse_process(list(arguments), {faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, log)
     deadline = time.monotonic() + faults.PAUSE_TIMEOUT_SECONDS
     while not (pauses / f"{point}.paused").exists():
         assert time.monotonic() < deadline and paused.poll() is None, (

@@ -26,8 +26,8 @@ from lakehouse_assets_tests.fault_injection.invariants import each_batch_committ
 from lakehouse_assets_tests.fault_injection.pipeline import (
     PIPELINE,
     kill_at_then_restart,
+    lakehouse_paused_at,
     land_round,
-    pipeline_paused_at,
     run_lakehouse_process,
     run_pipeline_process,
     run_two_pipelines_at_once,
@@ -193,7 +193,7 @@ def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point
     on_host_b = _second_host(lake, tmp_path)
 
     # Host A plans its commit, then stalls at the commit point; host B commits the same batches.
-    with pipeline_paused_at(point, tmp_path) as host_a_log:
+    with lakehouse_paused_at(point, tmp_path) as host_a_log:
         completed = run_pipeline_process(on_host_b)
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
 
@@ -213,7 +213,7 @@ def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each
 
     # Host A writes round 2 on its pass branches, then stalls before publishing; host B compacts,
     # expires and removes orphans on the same tables, so main moves under host A.
-    with pipeline_paused_at(faults.COMMITTER_BEFORE_PUBLISH, tmp_path) as host_a_log:
+    with lakehouse_paused_at(faults.COMMITTER_BEFORE_PUBLISH, tmp_path) as host_a_log:
         maintained = run_lakehouse_process(["maintain"], host_b)
         assert maintained.returncode == 0, maintained.stdout[-3000:] + maintained.stderr[-3000:]
         moved = [
@@ -225,6 +225,37 @@ def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each
 
     assert "another committer published" in host_a_log.read_text()
     assert run_pipeline_process().returncode == 0
+    assert invariant_violations(lake) == []
+    for identifier in TABLES:
+        assert each_batch_committed_once(lake, identifier), identifier
+
+
+def test_two_hosts_maintaining_one_table_at_once_keep_recovery_exactly_once(lake, tmp_path):
+    host_b = _second_host(lake, tmp_path)
+
+    def commit_on_host_b(round_number: int) -> None:
+        land_round(lake, round_number)
+        completed = run_pipeline_process(host_b)
+        assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+
+    # Host A has read the tables to expire and is about to record their checkpoints; host B commits
+    # and maintains the same tables: its checkpoints are newer, and it expires what A's would cover.
+    commit_on_host_b(1)
+    with lakehouse_paused_at(faults.MAINTENANCE_BEFORE_CHECKPOINT, tmp_path / "before", ("maintain",)):
+        commit_on_host_b(2)
+        maintained = run_lakehouse_process(["maintain"], host_b)
+        assert maintained.returncode == 0, maintained.stdout[-3000:] + maintained.stderr[-3000:]
+
+    # Host A has recorded its checkpoints and is about to expire; host B commits twice meanwhile,
+    # so counting the last two snapshots from the new head would expire what the checkpoint lacks.
+    commit_on_host_b(3)
+    with lakehouse_paused_at(faults.MAINTENANCE_AFTER_CHECKPOINT, tmp_path / "after", ("maintain",)):
+        commit_on_host_b(4)
+        commit_on_host_b(5)
+
+    land_round(lake, 6)
+    completed = run_pipeline_process()
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert invariant_violations(lake) == []
     for identifier in TABLES:
         assert each_batch_committed_once(lake, identifier), identifier
@@ -242,7 +273,7 @@ def test_two_hosts_adding_the_same_columns_at_once_both_go_on_and_each_batch_com
     land_events(lake.paths, lake.stream("orders"), coupons)
 
     # Host A has read the table's columns and is about to add `coupon`; host B adds it and commits.
-    with pipeline_paused_at(faults.SCHEMA_BEFORE_ADD_COLUMNS, tmp_path):
+    with lakehouse_paused_at(faults.SCHEMA_BEFORE_ADD_COLUMNS, tmp_path):
         completed = run_pipeline_process(_second_host(lake, tmp_path))
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
         assert "coupon" in lake.table("sales.orders").schema().column_names
