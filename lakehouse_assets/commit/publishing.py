@@ -25,10 +25,13 @@ from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH, MAIN_BRANCH, next_epoch
 from lakehouse_assets.commit.summary_keys import CommitStamp
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
-from lakehouse_assets.errors import ConfigError, PublishRefusedError
+from lakehouse_assets.errors import ConfigError, FencedError, PublishRefusedError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import BatchRecord
 from lakehouse_assets.lakehouse import Lakehouse
+
+# Publishing again after another host committed the dead letters first (it is publishing too).
+PUBLISH_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,24 @@ def _audited_batches(lake: Lakehouse, stream: StreamSpec, first: int, last: int)
     return records
 
 
+def _commit_audited_dead_letters(
+    spark: SparkSession,
+    lake: Lakehouse,
+    streams: list[StreamSpec],
+    ranges: dict[str, list[int]],
+    run_id: str,
+    table_identifier: str,
+) -> int:
+    """Commit the dead letters of the unpublished batch ``ranges`` (each stream's part once: its
+    dead-letter table's ancestry says); returns how many events they rejected."""
+    stamp = CommitStamp(next_epoch(lake.table(table_identifier)), run_id)
+    return sum(
+        commit_dead_letters(spark, lake, stream, _audited_batches(lake, stream, *ranges[stream.name]), stamp)
+        for stream in streams
+        if stream.name in ranges
+    )
+
+
 def publish_table(
     spark: SparkSession,
     lake: Lakehouse,
@@ -88,25 +109,29 @@ def publish_table(
     streams = _require_audited(lake.config, table_identifier)
     started = time.monotonic()
     with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
-        state = audit_state(lake.table(table_identifier))
-        if not state.awaiting_publish:
-            return None
-        if state.audit != snapshot_id:
-            raise PublishRefusedError(
-                f"{table_identifier}: the audit branch is at snapshot {state.audit}, not the checked snapshot "
-                f"{snapshot_id}; run the checks on the new head first"
-            )
-        stamp = CommitStamp(next_epoch(lake.table(table_identifier)), run_id)
-        ranges = state.unpublished_ranges()
-        dead_letters = 0
-        for stream in streams:
-            if stream.name in ranges:
-                batches = _audited_batches(lake, stream, *ranges[stream.name])
-                dead_letters += commit_dead_letters(spark, lake, stream, batches, stamp)
-        crash_point(faults.PUBLISH_AFTER_DEAD_LETTERS)
-        fast_forward(spark, table_identifier, MAIN_BRANCH, AUDIT_BRANCH)
-        spark.catalog.refreshTable(qualified_name(table_identifier))
-        crash_point(faults.PUBLISH_AFTER_FAST_FORWARD)
+        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+            state = audit_state(lake.table(table_identifier))
+            if not state.awaiting_publish:
+                return None
+            if state.audit != snapshot_id:
+                raise PublishRefusedError(
+                    f"{table_identifier}: the audit branch is at snapshot {state.audit}, not the checked snapshot "
+                    f"{snapshot_id}; run the checks on the new head first"
+                )
+            ranges = state.unpublished_ranges()
+            try:
+                dead_letters = _commit_audited_dead_letters(spark, lake, streams, ranges, run_id, table_identifier)
+            except FencedError:
+                # Another host committed these dead letters first, so it is publishing this snapshot
+                # too: read the branches again (its fast-forward may be done; if not, do it here).
+                if attempt == PUBLISH_ATTEMPTS:
+                    raise
+                continue
+            crash_point(faults.PUBLISH_AFTER_DEAD_LETTERS)
+            fast_forward(spark, table_identifier, MAIN_BRANCH, AUDIT_BRANCH)
+            spark.catalog.refreshTable(qualified_name(table_identifier))
+            crash_point(faults.PUBLISH_AFTER_FAST_FORWARD)
+            break
     return PublishResult(
         table=table_identifier,
         previous_snapshot_id=state.main,

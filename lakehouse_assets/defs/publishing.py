@@ -13,7 +13,7 @@ from lakehouse_assets.commit.publishing import discard_audited, publish_table
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import checks_not_passed
-from lakehouse_assets.defs.checks import materialized_target
+from lakehouse_assets.defs.checks import checked_target
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import PublishRefusedError
 
@@ -35,7 +35,8 @@ def published_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.Asse
         ),
     )
     def published(context: dg.AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkResource):
-        snapshot = materialized_target(context.instance, table_identifier).require_snapshot(table_identifier)
+        target = checked_target(context.instance, lakehouse, table_identifier)
+        snapshot = target.require_snapshot(table_identifier)
         not_passed = checks_not_passed(context.instance, table_identifier, streams, snapshot.snapshot_id)
         if not_passed:
             raise dg.Failure(
@@ -74,14 +75,17 @@ def published_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.Asse
 
 
 def publish_job(table_identifier: str):  # -> UnresolvedAssetJobDefinition, not exported by dagster
-    """Runs the table's checks on its audited snapshot again and publishes it when they pass: the
-    way forward after fixing what made a check fail."""
+    """Runs the table's checks on its audited snapshot (the audit branch's head) again and publishes
+    it when they pass: the way forward after fixing what made a check fail."""
     return dg.define_asset_job(
         names.publish_job_name(table_identifier),
         selection=dg.AssetSelection.checks_for_assets(names.table_key(table_identifier))
         | dg.AssetSelection.assets(names.published_key(table_identifier)),
         description=f"Check the audited snapshot of {table_identifier} again and publish it when every check passes.",
         executor_def=dg.in_process_executor,
+        # The audited snapshot is read from the table, not from this instance's last materialization:
+        # the commit may have been another host's.
+        config={"resources": {"lakehouse": {"config": {"check_current_snapshot": True}}}},
     )
 
 

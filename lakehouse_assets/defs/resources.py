@@ -22,9 +22,9 @@ class LakehouseResource(dg.ConfigurableResource):
     routed tables to the definitions it rebuilds."""
 
     check_current_snapshot: bool = False
-    """Set by the check jobs (``lakehouse check``): the table checks read the table's current
-    snapshot (under ``publish: audit`` the audit branch's while it holds unpublished commits)
-    instead of the one its last materialization recorded."""
+    """Set by the check jobs (``lakehouse check``) and the publish jobs: the table checks read the
+    table's current snapshot (under ``publish: audit`` the audit branch's while it holds unpublished
+    commits), whoever committed it, instead of the one its last materialization recorded."""
 
     def lake(self) -> Lakehouse:
         """The lakehouse as it is configured now. Not kept for the run: routing adds a derived

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from lakehouse_assets import faults
+from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.engine.spark import DRIVER_MEMORY_ENV, MASTER_ENV
 from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
@@ -285,3 +286,34 @@ def test_two_hosts_adding_the_same_columns_at_once_both_go_on_and_each_batch_com
     orders = scan(lake.metadata_location("sales.orders"), lake.table("sales.orders").current_snapshot().snapshot_id)
     coupons_read = iceberg_connection().sql(f"SELECT coupon FROM {orders} WHERE coupon IS NOT NULL ORDER BY 1")
     assert [row[0] for row in coupons_read.fetchall()] == [f"c{i}" for i in range(5)]
+
+
+def test_two_hosts_publishing_one_audited_snapshot_publish_it_and_its_dead_letters_once(lakehouse_home, tmp_path):
+    config_file = Path(os.environ["LAKEHOUSE_CONFIG"])
+    document = yaml.safe_load(config_file.read_text())
+    [orders] = [stream for stream in document["streams"] if stream["name"] == "orders"]
+    orders |= {"publish": "audit", "expectations": [{"name": "amount_not_negative", "condition": "amount >= 0"}]}
+    config_file.write_text(yaml.safe_dump(document))
+    lake = Lakehouse.from_env()
+    land_round(lake, 1)
+    land_events(lake.paths, lake.stream("orders"), [json.dumps({"order_id": 999, "amount": -4.0})])
+    run_pipeline_process()  # its check fails: the round waits on the audit branch, its dead letter too
+    audited = audit_state(lake.table("sales.orders"))
+    assert audited.awaiting_publish, "the negative amount did not stop the round on the audit branch"
+    orders["expectations"][0]["condition"] = "amount >= -10"
+    config_file.write_text(yaml.safe_dump(document))
+    publish = ("audit", "publish", "--table", "sales.orders")
+
+    # Host A has written the round's dead letters on its pass branch and stalls before publishing
+    # them; host B publishes the same snapshot (its dead letters, then main).
+    with lakehouse_paused_at(faults.COMMITTER_BEFORE_PUBLISH, tmp_path, publish) as host_a_log:
+        completed = run_lakehouse_process(list(publish), _second_host(lake, tmp_path))
+        assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+        assert lake.table("sales.orders").current_snapshot().snapshot_id == audited.audit
+
+    assert "nothing awaits publishing" in host_a_log.read_text()
+    land_round(lake, 2)
+    assert run_pipeline_process().returncode == 0
+    assert invariant_violations(lake) == []
+    for identifier in TABLES:
+        assert each_batch_committed_once(lake, identifier), identifier
