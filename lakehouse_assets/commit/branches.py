@@ -55,6 +55,11 @@ def _head_id(table: Table, branch: str) -> int | None:
     return snapshot.snapshot_id if snapshot else None
 
 
+def on_main(table: Table, snapshot_id: int) -> bool:
+    """Whether ``snapshot_id`` is main's head or one of its ancestors."""
+    return snapshot_id in _ancestor_ids(table, _head_id(table, MAIN_BRANCH))
+
+
 def audit_state(table: Table | None) -> AuditState:
     """Main and the audit branch of ``table``; BranchesDivergedError when neither contains the other
     (an audit branch that is behind main, as after maintenance, reports nothing unpublished)."""

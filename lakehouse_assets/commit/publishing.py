@@ -1,7 +1,9 @@
 """Publish or discard what the audit branch of a ``publish: audit`` table holds beyond main.
 
-Publishing commits the audited batches' dead letters, then fast-forwards main to the audited
-snapshot: metadata only, so readers of main see every audited batch at once or none of them.
+Publishing commits the audited batches' dead letters, then points main at the audited snapshot,
+only on the table version it checked (so across hosts neither a newer, unchecked audit head nor a
+discarded one is published): metadata only, so readers of main see every audited batch at once or
+none of them.
 The dead-letter table's ancestry says whether its part is done, and the branches say whether the
 fast-forward is, so a crash anywhere is completed by publishing again, never repeated.
 
@@ -18,19 +20,20 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from lakehouse_assets import faults
+from lakehouse_assets.catalog.conditional_commits import set_branch_if_unchanged
 from lakehouse_assets.catalog.table_metadata import qualified_name
-from lakehouse_assets.commit.branches import AuditState, audit_state, fast_forward, reset_audit_branch
+from lakehouse_assets.commit.branches import AuditState, audit_state, on_main, reset_audit_branch
 from lakehouse_assets.commit.dead_letters import commit_dead_letters
 from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
-from lakehouse_assets.commit.recovery import AUDIT_BRANCH, MAIN_BRANCH, next_epoch
+from lakehouse_assets.commit.recovery import MAIN_BRANCH, next_epoch
 from lakehouse_assets.commit.summary_keys import CommitStamp
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
-from lakehouse_assets.errors import ConfigError, FencedError, PublishRefusedError
+from lakehouse_assets.errors import ConfigError, FencedError, PublishRefusedError, TableMovedError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import BatchRecord
 from lakehouse_assets.lakehouse import Lakehouse
 
-# Publishing again after another host committed the dead letters first (it is publishing too).
+# Attempts at publishing when another host changed the table or its dead letters under each one.
 PUBLISH_ATTEMPTS = 3
 
 
@@ -104,34 +107,52 @@ def publish_table(
     """Publish the audit branch's head ``snapshot_id`` (the snapshot the checks passed on) to main.
 
     Returns None when main already has it. Raises PublishRefusedError when the audit branch moved
-    on from ``snapshot_id``: its new head has not been checked.
+    on from ``snapshot_id`` (its new head has not been checked) or dropped it (a discard). Main
+    moves only from the table version this decided from: when another host changed the table or
+    its dead-letter table meanwhile (publishing too, committing, maintaining), it decides again.
     """
     streams = _require_audited(lake.config, table_identifier)
     started = time.monotonic()
     with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
-        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
-            state = audit_state(lake.table(table_identifier))
-            if not state.awaiting_publish:
-                return None
-            if state.audit != snapshot_id:
-                raise PublishRefusedError(
-                    f"{table_identifier}: the audit branch is at snapshot {state.audit}, not the checked snapshot "
-                    f"{snapshot_id}; run the checks on the new head first"
-                )
-            ranges = state.unpublished_ranges()
+        for _ in range(PUBLISH_ATTEMPTS - 1):
             try:
-                dead_letters = _commit_audited_dead_letters(spark, lake, streams, ranges, run_id, table_identifier)
-            except FencedError:
-                # Another host committed these dead letters first, so it is publishing this snapshot
-                # too: read the branches again (its fast-forward may be done; if not, do it here).
-                if attempt == PUBLISH_ATTEMPTS:
-                    raise
+                return _publish_once(spark, lake, table_identifier, streams, snapshot_id, run_id, started)
+            except (FencedError, TableMovedError):
                 continue
-            crash_point(faults.PUBLISH_AFTER_DEAD_LETTERS)
-            fast_forward(spark, table_identifier, MAIN_BRANCH, AUDIT_BRANCH)
-            spark.catalog.refreshTable(qualified_name(table_identifier))
-            crash_point(faults.PUBLISH_AFTER_FAST_FORWARD)
-            break
+        return _publish_once(spark, lake, table_identifier, streams, snapshot_id, run_id, started)
+
+
+def _publish_once(
+    spark: SparkSession,
+    lake: Lakehouse,
+    table_identifier: str,
+    streams: list[StreamSpec],
+    snapshot_id: int,
+    run_id: str,
+    started: float,
+) -> PublishResult | None:
+    """One attempt of ``publish_table``; FencedError or TableMovedError when another host changed
+    the dead-letter table or the table after this attempt read them."""
+    table = lake.table(table_identifier)
+    state = audit_state(table)
+    if not state.awaiting_publish:
+        if on_main(table, snapshot_id):
+            return None
+        raise PublishRefusedError(
+            f"{table_identifier}: snapshot {snapshot_id} is neither awaiting publishing nor on main "
+            "(the audited commits were discarded); nothing was published"
+        )
+    if state.audit != snapshot_id:
+        raise PublishRefusedError(
+            f"{table_identifier}: the audit branch is at snapshot {state.audit}, not the checked snapshot "
+            f"{snapshot_id}; run the checks on the new head first"
+        )
+    ranges = state.unpublished_ranges()
+    dead_letters = _commit_audited_dead_letters(spark, lake, streams, ranges, run_id, table_identifier)
+    crash_point(faults.PUBLISH_AFTER_DEAD_LETTERS)
+    if not set_branch_if_unchanged(spark, table_identifier, table.metadata_location, MAIN_BRANCH, snapshot_id):
+        raise TableMovedError(f"table {table_identifier} changed while its audited snapshot was being published")
+    crash_point(faults.PUBLISH_AFTER_FAST_FORWARD)
     return PublishResult(
         table=table_identifier,
         previous_snapshot_id=state.main,

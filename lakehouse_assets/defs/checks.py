@@ -1,13 +1,15 @@
 """DuckDB checks on the exact snapshot the last materialization of a table committed (or, in a
-check job, on its current snapshot), the freshness check on each stream's backlog, and per table
+check or publish job, on its current snapshot), the freshness check on each stream's backlog, and per table
 the job that runs the blocking checks alone (``lakehouse check``)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import dagster as dg
+from pyiceberg.table import StaticTable
 
 from lakehouse_assets.catalog.tables import identifier_columns
+from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
 from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.config import StreamSpec
@@ -59,12 +61,20 @@ def materialized_target(instance: dg.DagsterInstance, table_identifier: str) -> 
 
 
 def current_target(lakehouse: LakehouseResource, table_identifier: str) -> CheckTarget:
-    """The table's current snapshot (what ``lakehouse check`` and the freshness jobs read)."""
-    return CheckTarget(checks.current_snapshot(lakehouse.lake(), table_identifier), {})
+    """The table's current snapshot, whoever committed it (what ``lakehouse check``, the publish
+    jobs and the freshness jobs read); under ``publish: audit``, while commits await publishing,
+    the audit branch's head and the batches those commits hold."""
+    lake = lakehouse.lake()
+    snapshot = checks.current_snapshot(lake, table_identifier)
+    if snapshot is None or not lake.config.audits(table_identifier):
+        return CheckTarget(snapshot, {})
+    # The ranges from the very table version the snapshot was read from.
+    table = StaticTable.from_metadata(snapshot.metadata_location)
+    return CheckTarget(snapshot, audit_state(table).unpublished_ranges())
 
 
 def checked_target(instance: dg.DagsterInstance, lakehouse: LakehouseResource, table_identifier: str) -> CheckTarget:
-    """What a check run on its own reads: the table's current snapshot in a check job
+    """What a check run on its own reads: the table's current snapshot in a check or publish job
     (``check_current_snapshot``), else the one its latest materialization recorded."""
     if lakehouse.check_current_snapshot:
         return current_target(lakehouse, table_identifier)
@@ -142,7 +152,7 @@ def table_check_registry(table_identifier: str, streams: list[StreamSpec]) -> li
 
 def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.AssetChecksDefinition]:
     """The checks of one table as asset checks: on the snapshot the table's latest materialization
-    recorded, or in a check job (``check_current_snapshot``) on its current snapshot."""
+    recorded, or in a check or publish job (``check_current_snapshot``) on its current snapshot."""
     return [_asset_check(table_identifier, check) for check in table_check_registry(table_identifier, streams)]
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any
 
 from pyiceberg.table import Table
@@ -20,12 +21,13 @@ from pyiceberg.table.snapshots import Snapshot, ancestors_of
 from pyspark.sql import SparkSession
 
 from lakehouse_assets import faults
+from lakehouse_assets.catalog.conditional_commits import set_property_if_unchanged
 from lakehouse_assets.catalog.table_metadata import qualified_name
-from lakehouse_assets.catalog.table_properties import set_property_if_unchanged
 from lakehouse_assets.catalog.tables import CATALOG_NAME
 from lakehouse_assets.commit.branches import audit_state, sync_audit_branch
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
 from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
+from lakehouse_assets.commit.pass_branches import uses_pass_branches
 from lakehouse_assets.commit.recovery import CHECKPOINT_PROPERTY, table_history
 from lakehouse_assets.config import CompactionSpec, ExpirySpec, MaintenanceSpec, StreamSpec
 from lakehouse_assets.errors import TableMovedError
@@ -37,7 +39,8 @@ from lakehouse_assets.paths import LakehousePaths
 
 LandedCheck = Callable[[str, str], bool]
 """``landed(stream, file_name)``: whether the stream's landing file is still in the landing zone."""
-# Checkpoints computed again when the table moved under each one; then expiry waits for next time.
+# Times expiry computes its checkpoint again when the table moved under it; then it waits for the
+# next maintenance.
 CHECKPOINT_ATTEMPTS = 3
 
 
@@ -49,11 +52,6 @@ class MaintenanceStep:
     action: str
     seconds: float
     counts: dict[str, Any] = field(default_factory=dict)
-
-
-def sql_string_literal(value: str) -> str:
-    """``value`` as a Spark SQL string literal (backslashes and quotes escaped: file names are data)."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def still_landed(paths: LakehousePaths, streams: list[StreamSpec]) -> LandedCheck:
@@ -120,7 +118,7 @@ def record_checkpoint(
     table: Table,
     identifier: str,
     oldest_kept: Snapshot,
-    landed: LandedCheck = lambda stream, name: True,
+    landed: LandedCheck,
 ) -> bool:
     """Record what the commits up to ``oldest_kept`` added, unless the recorded checkpoint is at or after it.
 
@@ -151,38 +149,43 @@ def expire_snapshots(
     identifier: str,
     spec: ExpirySpec,
     now_ms: int,
-    landed: LandedCheck = lambda stream, name: True,
+    landed_now: Callable[[], LandedCheck],
 ) -> dict[str, Any]:
     """Expire old snapshots after recording the checkpoint that keeps recovery working.
 
     Another host may commit to or maintain the same table meanwhile: a checkpoint computed from a
-    version that is no longer current is computed again, and the procedure expires no snapshot at
-    or after the checkpoint's, even when commits arrive between the checkpoint and the expiry
-    (Iceberg counts ``retain_last`` from the head it finds then).
+    version that is no longer current is computed again (``landed_now()`` lists the landing zone
+    after each read of the table), and on a catalog shared across hosts the procedure keeps every
+    snapshot from the checkpoint's on, however many commits arrive before it counts ``retain_last``
+    from the head it finds.
     """
     older_than_ms = now_ms - int(spec.older_than * 1000)
-    for _ in range(CHECKPOINT_ATTEMPTS):
+    for attempt in range(1, CHECKPOINT_ATTEMPTS + 1):
         table = lake.table(identifier)
         kept = retained_ancestors(table, older_than_ms, spec.retain_last)
+        tried = {"checkpoint_attempts": attempt, "snapshots_kept_in_ancestry": len(kept)}
         if len(kept) == len(table.metadata.snapshots):
             # Every snapshot is a retained ancestor: the procedure would expire nothing (a routed
             # database has hundreds of such small tables; the call costs a Spark job each).
-            return {"checkpoint_recorded": False, "snapshots_kept_in_ancestry": len(kept), "skipped": "nothing expires"}
+            return {"checkpoint_recorded": False, **tried, "skipped": "nothing expires"}
         crash_point(faults.MAINTENANCE_BEFORE_CHECKPOINT)
         try:
             recorded = kept[-1].parent_snapshot_id is not None and record_checkpoint(
-                spark, table, identifier, kept[-1], landed
+                spark, table, identifier, kept[-1], landed_now()
             )
             break
         except TableMovedError:
             continue
     else:
-        return {"checkpoint_recorded": False, "skipped": f"the table changed under {CHECKPOINT_ATTEMPTS} checkpoints"}
+        return {"checkpoint_recorded": False, **tried, "skipped": "the table changed under every checkpoint"}
     crash_point(faults.MAINTENANCE_AFTER_CHECKPOINT)
-    older_than = _timestamp_literal(min(older_than_ms, kept[-1].timestamp_ms))
-    arguments = f"table => '{identifier}', older_than => {older_than}, retain_last => {spec.retain_last}"
+    if uses_pass_branches(lake.config):
+        older_than_ms = min(older_than_ms, kept[-1].timestamp_ms)
+    arguments = (
+        f"table => '{identifier}', older_than => {_timestamp_literal(older_than_ms)}, retain_last => {spec.retain_last}"
+    )
     counts = _call(spark, "expire_snapshots", arguments)
-    return {"checkpoint_recorded": recorded, "snapshots_kept_in_ancestry": len(kept), **counts}
+    return {"checkpoint_recorded": recorded, **tried, **counts}
 
 
 def remove_orphan_files(spark: SparkSession, identifier: str, older_than_seconds: float, now_ms: int) -> dict[str, Any]:
@@ -218,7 +221,7 @@ def _maintain_one(
     lake: Lakehouse,
     identifier: str,
     spec: MaintenanceSpec,
-    landed: LandedCheck,
+    landed_now: Callable[[], LandedCheck],
     awaiting_publish: bool = False,
 ) -> list[MaintenanceStep]:
     steps: list[MaintenanceStep] = []
@@ -232,7 +235,7 @@ def _maintain_one(
         (
             "expire_snapshots",
             spec.expire_snapshots.enabled,
-            lambda table: expire_snapshots(spark, lake, identifier, spec.expire_snapshots, now_ms(), landed),
+            lambda table: expire_snapshots(spark, lake, identifier, spec.expire_snapshots, now_ms(), landed_now),
         ),
         (
             "remove_orphan_files",
@@ -264,9 +267,9 @@ def maintain_table(spark: SparkSession, lake: Lakehouse, table_identifier: str) 
     with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
         table = lake.table(table_identifier)
         awaiting = audited and audit_state(table).awaiting_publish
-        landed = still_landed(lake.paths, lake.config.tables()[table_identifier])
-        steps.extend(_maintain_one(spark, lake, table_identifier, spec, landed, awaiting))
-        steps.extend(_maintain_one(spark, lake, dead_letter_identifier(table_identifier), spec, landed))
+        landed_now = partial(still_landed, lake.paths, lake.config.tables()[table_identifier])
+        steps.extend(_maintain_one(spark, lake, table_identifier, spec, landed_now, awaiting))
+        steps.extend(_maintain_one(spark, lake, dead_letter_identifier(table_identifier), spec, landed_now))
         table = lake.table(table_identifier)
         if audited and table is not None:
             sync_audit_branch(spark, table, table_identifier)

@@ -242,10 +242,12 @@ def test_two_hosts_maintaining_one_table_at_once_keep_recovery_exactly_once(lake
     # Host A has read the tables to expire and is about to record their checkpoints; host B commits
     # and maintains the same tables: its checkpoints are newer, and it expires what A's would cover.
     commit_on_host_b(1)
-    with lakehouse_paused_at(faults.MAINTENANCE_BEFORE_CHECKPOINT, tmp_path / "before", ("maintain",)):
+    with lakehouse_paused_at(faults.MAINTENANCE_BEFORE_CHECKPOINT, tmp_path / "before", ("maintain",)) as host_a_log:
         commit_on_host_b(2)
         maintained = run_lakehouse_process(["maintain"], host_b)
         assert maintained.returncode == 0, maintained.stdout[-3000:] + maintained.stderr[-3000:]
+    # Host A's first checkpoint was refused (the table had moved) and computed again.
+    assert "expire_snapshots.checkpoint_attempts 2" in host_a_log.read_text()
 
     # Host A has recorded its checkpoints and is about to expire; host B commits twice meanwhile,
     # so counting the last two snapshots from the new head would expire what the checkpoint lacks.

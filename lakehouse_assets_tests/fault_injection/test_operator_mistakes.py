@@ -16,6 +16,7 @@ from dagster._core.storage import tags as dagster_tags
 
 import lakehouse_assets
 from lakehouse_assets import faults
+from lakehouse_assets.catalog.conditional_commits import set_property_if_unchanged
 from lakehouse_assets.catalog.table_metadata import VERSION_HINT
 from lakehouse_assets.commit.dead_letters import replayed_keys, sidecar_path
 from lakehouse_assets.commit.locks import replay_lock_file
@@ -29,7 +30,6 @@ from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.errors import BatchConflictError
 from lakehouse_assets.ingest.batch_ledger import BATCH_FILE, MintedBatch, StreamLedger
 from lakehouse_assets.ingest.landing import landing_dir, list_landing_files
-from lakehouse_assets.ops.maintenance import sql_string_literal
 from lakehouse_assets.runner import IN_PROCESS_SPARK, run_job, run_until_idle
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import land_round, run_pipeline_process, start_lakehouse_process
@@ -314,10 +314,14 @@ def test_a_ledger_wiped_after_expiry_batches_no_landing_file_again(lake, instanc
 
 
 @pytest.mark.spark
-def test_the_checkpoint_literal_keeps_any_landing_file_name(lake):
+def test_the_checkpoint_keeps_any_landing_file_name_and_is_never_written_onto_a_newer_version(lake):
     odd_names = ["o'brien.ndjson", "back\\slash\\u0041.ndjson", 'caf\u00e9 "quoted".ndjson', "line\nbreak.ndjson"]
     text = Checkpoint(1, {"orders": 1}, landing_files={"orders": odd_names}).to_json()
+    spark, read = lakehouse_session(lake), lake.table("sales.orders")
 
-    [row] = lakehouse_session(lake).sql(f"SELECT {sql_string_literal(text)} AS text").collect()
-
-    assert Checkpoint.from_json(row.text).landing_files == {"orders": odd_names}
+    assert set_property_if_unchanged(spark, "sales.orders", read.metadata_location, CHECKPOINT_PROPERTY, text)
+    assert read_checkpoint(lake.table("sales.orders").metadata).landing_files == {"orders": odd_names}
+    # Decided from the version before that write, the same write is refused and changes nothing.
+    stale = Checkpoint(1, {"orders": 1}).to_json()
+    assert not set_property_if_unchanged(spark, "sales.orders", read.metadata_location, CHECKPOINT_PROPERTY, stale)
+    assert read_checkpoint(lake.table("sales.orders").metadata).landing_files == {"orders": odd_names}
