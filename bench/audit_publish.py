@@ -2,7 +2,7 @@
 
 Two streams with the same schema land the same events, batch by batch, in one Spark session:
 one writes its table directly, the other commits to the table's audit branch and then publishes
-(dead letters, then a fast-forward of main). Both stage the same way and run the same checks, so
+(dead letters, then main moved to the audited snapshot). Both stage the same way and run the same checks, so
 the difference per batch is the audit commit against the direct one, plus the publish step.
 Batches alternate between the two streams so neither gets a warmer JVM. Also shows that publishing
 rewrites no data: both tables end with the same data files and main's snapshot count.

@@ -258,7 +258,9 @@ def _audit_discard(args: argparse.Namespace) -> int:
     result = _run_audit_job(args.table, names.discard_job_name(args.table))
     observations = result.asset_observations_for_node(names.discard_op_name(args.table))
     if not result.success:
-        print(f"{args.table}: discard run {result.run_id} FAILED; run it again (it finishes what it started)")
+        failure = result.failure_data_for_node(names.discard_op_name(args.table))
+        reason = failure.user_failure_data.description if failure and failure.user_failure_data else None
+        print(f"{args.table}: discard run {result.run_id} FAILED: {reason or 'see `dagster dev` for its logs'}")
         return 1
     if not observations:
         print(f"{args.table}: the audit branch holds nothing unpublished; nothing to discard")

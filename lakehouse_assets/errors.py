@@ -40,7 +40,11 @@ class TruncatedAncestryError(LakehouseError):
 
 
 class TableMovedError(LakehouseError):
-    """The table changed between reading it and writing what was decided from it; nothing was written."""
+    """The table changed between reading it and writing what was decided from it; nothing was committed."""
+
+
+class DiscardRefusedError(LakehouseError):
+    """The audited commits may not be discarded: a publish of them committed their dead letters."""
 
 
 class SourceCheckpointError(LakehouseError):

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import PurePosixPath
-
-from py4j.java_gateway import JavaObject
-from py4j.protocol import Py4JJavaError
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
 
 from lakehouse_assets.catalog.table_metadata import qualified_name
+
+if TYPE_CHECKING:  # the DuckDB checks import the branches module, which imports this, without Spark
+    from py4j.java_gateway import JavaObject
+    from pyspark.sql import SparkSession
 
 FILE_SCHEMES = ("file://", "file:")
 
@@ -40,7 +41,8 @@ def _commit_if_unchanged(
     spark: SparkSession, identifier: str, decided_from: str, change: Callable[[JavaObject], JavaObject]
 ) -> bool:
     """Commit ``change`` (a TableMetadata.Builder -> the same builder, changed) on the table's
-    metadata only while it is still ``decided_from``; False, with nothing written, otherwise."""
+    metadata only while it is still ``decided_from``; False, with nothing committed, otherwise (a
+    catalog may leave the unreferenced metadata file it wrote before its swap failed)."""
     jvm = spark._jvm
     table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, qualified_name(identifier))
     operations = table.operations()
@@ -49,8 +51,8 @@ def _commit_if_unchanged(
         return False
     try:
         operations.commit(base, change(jvm.org.apache.iceberg.TableMetadata.buildFrom(base)).build())
-    except Py4JJavaError as error:
-        if "CommitFailedException" in str(error.java_exception):
+    except Exception as error:  # noqa: BLE001 - py4j wraps Iceberg's CommitFailedException
+        if "CommitFailedException" in str(error):
             return False
         raise
     spark.catalog.refreshTable(qualified_name(identifier))
@@ -59,7 +61,7 @@ def _commit_if_unchanged(
 
 def set_property_if_unchanged(spark: SparkSession, identifier: str, decided_from: str, key: str, value: str) -> bool:
     """Set table property ``key`` only while the table's metadata is still ``decided_from`` (a
-    metadata location); False, with nothing written, when the table has moved on since."""
+    metadata location); False, with nothing committed, when the table has moved on since."""
     properties = spark._jvm.java.util.HashMap()
     properties.put(key, value)
     return _commit_if_unchanged(spark, identifier, decided_from, lambda builder: builder.setProperties(properties))
@@ -69,7 +71,7 @@ def set_branch_if_unchanged(
     spark: SparkSession, identifier: str, decided_from: str, branch: str, snapshot_id: int
 ) -> bool:
     """Point ``branch`` at ``snapshot_id`` (main: the table's current snapshot) only while the
-    table's metadata is still ``decided_from``; False, with nothing written, otherwise."""
+    table's metadata is still ``decided_from``; False, with nothing committed, otherwise."""
     return _commit_if_unchanged(
         spark, identifier, decided_from, lambda builder: builder.setBranchSnapshot(snapshot_id, branch)
     )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
+from lakehouse_assets.catalog.conditional_commits import set_branch_if_unchanged
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH, MAIN_BRANCH, LakehouseCommit, commit_history
 from lakehouse_assets.errors import BranchesDivergedError
@@ -100,10 +101,13 @@ def sync_audit_branch(spark: SparkSession, table: Table, identifier: str) -> boo
     return True
 
 
-def reset_audit_branch(spark: SparkSession, identifier: str, main: int | None) -> None:
+def reset_audit_branch(spark: SparkSession, table: Table, identifier: str) -> bool:
     """Point the audit branch back at main, dropping its unpublished snapshots from its history
-    (they stay in the table's metadata until snapshot expiry, as any replaced snapshot does)."""
+    (they stay in the table's metadata until snapshot expiry, as any replaced snapshot does), only
+    on the table version ``table`` is; False, with nothing changed, when the table moved since."""
+    main = _head_id(table, MAIN_BRANCH)
     if main is None:
         spark.sql(f"ALTER TABLE {qualified_name(identifier)} DROP BRANCH IF EXISTS {AUDIT_BRANCH}")
-    else:
-        spark.sql(f"ALTER TABLE {qualified_name(identifier)} REPLACE BRANCH {AUDIT_BRANCH} AS OF VERSION {main}")
+        spark.catalog.refreshTable(qualified_name(identifier))
+        return True
+    return set_branch_if_unchanged(spark, identifier, table.metadata_location, AUDIT_BRANCH, main)

@@ -21,14 +21,13 @@ from pyspark.sql import SparkSession
 
 from lakehouse_assets import faults
 from lakehouse_assets.catalog.conditional_commits import set_branch_if_unchanged
-from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.commit.branches import AuditState, audit_state, on_main, reset_audit_branch
-from lakehouse_assets.commit.dead_letters import commit_dead_letters
+from lakehouse_assets.commit.dead_letters import commit_dead_letters, stream_dead_letter_identifier
 from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
-from lakehouse_assets.commit.recovery import MAIN_BRANCH, next_epoch
+from lakehouse_assets.commit.recovery import MAIN_BRANCH, committed_state, next_epoch
 from lakehouse_assets.commit.summary_keys import CommitStamp
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
-from lakehouse_assets.errors import ConfigError, FencedError, PublishRefusedError, TableMovedError
+from lakehouse_assets.errors import ConfigError, DiscardRefusedError, FencedError, PublishRefusedError, TableMovedError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import BatchRecord
 from lakehouse_assets.lakehouse import Lakehouse
@@ -134,10 +133,10 @@ def _publish_once(
     """One attempt of ``publish_table``; FencedError or TableMovedError when another host changed
     the dead-letter table or the table after this attempt read them."""
     table = lake.table(table_identifier)
+    if on_main(table, snapshot_id):
+        return None
     state = audit_state(table)
     if not state.awaiting_publish:
-        if on_main(table, snapshot_id):
-            return None
         raise PublishRefusedError(
             f"{table_identifier}: snapshot {snapshot_id} is neither awaiting publishing nor on main "
             "(the audited commits were discarded); nothing was published"
@@ -163,15 +162,35 @@ def _publish_once(
     )
 
 
+def _dead_letters_committed(lake: Lakehouse, streams: list[StreamSpec], ranges: dict[str, list[int]]) -> dict:
+    """The unpublished ranges whose dead letters a publish already committed (one that did not finish)."""
+    begun = {}
+    for stream in streams:
+        if stream.name in ranges:
+            committed = committed_state(lake.table(stream_dead_letter_identifier(stream)), stream.name).sequence
+            if committed >= ranges[stream.name][0]:
+                begun[stream.name] = ranges[stream.name]
+    return begun
+
+
 def discard_audited(spark: SparkSession, lake: Lakehouse, table_identifier: str) -> DiscardResult | None:
     """Drop the audit branch's unpublished commits and stage their batches again; None when there
-    are none. Repeating it after a crash finishes it."""
+    are none. Repeating it after a crash finishes it. Raises DiscardRefusedError when a publish of
+    them already committed their dead letters (it must be finished instead), and TableMovedError
+    when the table changed while discarding (run it again)."""
     streams = _require_audited(lake.config, table_identifier)
     with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
-        state: AuditState = audit_state(lake.table(table_identifier))
+        table = lake.table(table_identifier)
+        state: AuditState = audit_state(table)
         if not state.awaiting_publish:
             return None
         ranges = state.unpublished_ranges()
+        if begun := _dead_letters_committed(lake, streams, ranges):
+            raise DiscardRefusedError(
+                f"{table_identifier}: a publish of the audited batches {begun} committed their dead letters and "
+                "did not finish; discarding now would keep those dead letters for batches staged again. Finish "
+                f"it with `lakehouse audit publish --table {table_identifier}`"
+            )
         for stream in streams:
             if stream.name not in ranges:
                 continue
@@ -180,6 +199,6 @@ def discard_audited(spark: SparkSession, lake: Lakehouse, table_identifier: str)
             for sequence in range(first, last + 1):
                 ledger.forget_staged_data(sequence)
         crash_point(faults.DISCARD_AFTER_UNSTAGING)
-        reset_audit_branch(spark, table_identifier, state.main)
-        spark.catalog.refreshTable(qualified_name(table_identifier))
+        if not reset_audit_branch(spark, table, table_identifier):
+            raise TableMovedError(f"{table_identifier} changed while discarding; run the discard again")
     return DiscardResult(table_identifier, state.audit, state.main, ranges)

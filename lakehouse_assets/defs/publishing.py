@@ -15,7 +15,7 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import checks_not_passed
 from lakehouse_assets.defs.checks import checked_target
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
-from lakehouse_assets.errors import PublishRefusedError
+from lakehouse_assets.errors import DiscardRefusedError, FencedError, PublishRefusedError, TableMovedError
 
 
 def published_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDefinition:
@@ -52,7 +52,7 @@ def published_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.Asse
             result = spark.run(
                 lakehouse.lake(), publish_table, table_identifier, snapshot.snapshot_id, context.run.run_id
             )
-        except PublishRefusedError as refused:
+        except (PublishRefusedError, FencedError, TableMovedError) as refused:
             raise dg.Failure(description=str(refused)) from None
         if result is None:
             context.log.info(f"{table_identifier}: main already has snapshot {snapshot.snapshot_id}")
@@ -99,7 +99,10 @@ def discard_job(table_identifier: str) -> dg.JobDefinition:
         description=f"Point the audit branch of {table_identifier} back at main and stage its batches again.",
     )
     def discard(context: dg.OpExecutionContext, lakehouse: LakehouseResource, spark: SparkResource) -> None:
-        result = spark.run(lakehouse.lake(), discard_audited, table_identifier)
+        try:
+            result = spark.run(lakehouse.lake(), discard_audited, table_identifier)
+        except (DiscardRefusedError, TableMovedError) as refused:
+            raise dg.Failure(description=str(refused)) from None
         if result is None:
             context.log.info(f"{table_identifier}: the audit branch holds nothing unpublished; nothing to discard")
             return

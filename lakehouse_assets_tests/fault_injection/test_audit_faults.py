@@ -93,3 +93,21 @@ def test_a_discard_killed_half_way_finishes_when_repeated_and_the_batch_publishe
     lake = Lakehouse.from_env()
     assert invariant_violations(lake) == []
     assert _branches_agree(lake)
+
+
+def test_a_discard_after_a_publish_killed_past_its_dead_letters_is_refused_and_the_publish_finishes(lake):
+    land_round(lake, 1)
+    crashed = run_pipeline_process({faults.CRASH_ENV: faults.PUBLISH_AFTER_DEAD_LETTERS})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-3000:]
+
+    # Discarding now would leave the round's dead letters in the table for batches staged again.
+    [halted] = [table for table in TABLES if audit_state(lake.table(table)).awaiting_publish]
+    refused = run_lakehouse_process(["audit", "discard", "--table", halted])
+    assert refused.returncode == 1, refused.stdout[-3000:] + refused.stderr[-3000:]
+    assert "committed their dead letters and did not finish" in refused.stdout
+    assert audit_state(lake.table(halted)).awaiting_publish
+
+    restarted = run_pipeline_process()
+    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
+    assert invariant_violations(lake) == []
+    assert _branches_agree(lake)
