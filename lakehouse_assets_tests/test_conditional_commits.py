@@ -14,6 +14,7 @@ from lakehouse_assets.catalog.conditional_commits import same_location
         ("/w/t/metadata/v3.metadata.json", "/w/t/metadata/v4.metadata.json", False),
         # A '#' or '?' in a directory name is part of the path, not a fragment or a query.
         ("/data#1/t/v3.metadata.json", "file:/data#1/t/v4.metadata.json", False),
+        ("/data#1/t/v3.metadata.json", "file:///data#1/t/v3.metadata.json", True),
         ("/data?x/t/v3.metadata.json", "/data?x/t/v3.metadata.json", True),
         ("s3://bucket/t/v3.metadata.json", "s3://bucket/t/v3.metadata.json", True),
         ("s3://bucket/t/v3.metadata.json", "s3://bucket/t/v4.metadata.json", False),

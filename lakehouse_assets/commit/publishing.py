@@ -162,7 +162,9 @@ def _publish_once(
     )
 
 
-def _dead_letters_committed(lake: Lakehouse, streams: list[StreamSpec], ranges: dict[str, list[int]]) -> dict:
+def _dead_letters_committed(
+    lake: Lakehouse, streams: list[StreamSpec], ranges: dict[str, list[int]]
+) -> dict[str, list[int]]:
     """The unpublished ranges whose dead letters a publish already committed (one that did not finish)."""
     begun = {}
     for stream in streams:
