@@ -1,6 +1,6 @@
 """DuckDB checks on the exact snapshot the last materialization of a table committed (or, in a
-check or publish job, on its current snapshot), the freshness check on each stream's backlog, and per table
-the job that runs the blocking checks alone (``lakehouse check``)."""
+check or publish job, on its current snapshot), the freshness check on each stream's backlog, and
+per table the job that runs the blocking checks alone (``lakehouse check``)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
