@@ -118,6 +118,13 @@ def _files_containing(root: Path, needle: str) -> list[Path]:
     return found
 
 
+def assert_every_batch_once(lake: Lakehouse) -> None:
+    """The tables against the landing oracle (DuckDB and PyIceberg), and each batch once in each table."""
+    assert invariant_violations(lake) == []
+    for identifier in TABLES:
+        assert each_batch_committed_once(lake, identifier), identifier
+
+
 def test_both_pipelines_commit_exactly_once_and_pass_their_checks(lake, postgres):
     land_round(lake, 1)
     completed = run_pipeline_process()
@@ -148,9 +155,7 @@ def test_both_pipelines_run_on_a_standalone_cluster_with_the_jdbc_catalog(lake, 
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
         assert cluster.application_dirs(), "no executor of the cluster ran the pipeline's work"
 
-    assert invariant_violations(lake) == []
-    for identifier in TABLES:
-        assert each_batch_committed_once(lake, identifier), identifier
+    assert_every_batch_once(lake)
 
 
 def test_a_pipeline_killed_after_its_commit_recovers_exactly_once(lake):
@@ -167,9 +172,7 @@ def test_two_committers_racing_commit_each_batch_once(lake, tmp_path):
 
     run_two_pipelines_at_once(tmp_path)
 
-    assert invariant_violations(lake) == []
-    for identifier in TABLES:
-        assert each_batch_committed_once(lake, identifier), identifier
+    assert_every_batch_once(lake)
 
 
 def test_maintenance_with_expiry_keeps_recovery_exactly_once(lake):
@@ -200,9 +203,7 @@ def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point
 
     assert "another committer published" in host_a_log.read_text()
     assert run_pipeline_process().returncode == 0
-    assert invariant_violations(lake) == []
-    for identifier in TABLES:
-        assert each_batch_committed_once(lake, identifier), identifier
+    assert_every_batch_once(lake)
 
 
 def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each_batch_once(lake, tmp_path):
@@ -226,9 +227,7 @@ def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each
 
     assert "another committer published" in host_a_log.read_text()
     assert run_pipeline_process().returncode == 0
-    assert invariant_violations(lake) == []
-    for identifier in TABLES:
-        assert each_batch_committed_once(lake, identifier), identifier
+    assert_every_batch_once(lake)
 
 
 def test_two_hosts_maintaining_one_table_at_once_keep_recovery_exactly_once(lake, tmp_path):
@@ -259,9 +258,7 @@ def test_two_hosts_maintaining_one_table_at_once_keep_recovery_exactly_once(lake
     land_round(lake, 6)
     completed = run_pipeline_process()
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    assert invariant_violations(lake) == []
-    for identifier in TABLES:
-        assert each_batch_committed_once(lake, identifier), identifier
+    assert_every_batch_once(lake)
 
 
 def test_two_hosts_adding_the_same_columns_at_once_both_go_on_and_each_batch_commits_once(lakehouse_home, tmp_path):
@@ -282,9 +279,7 @@ def test_two_hosts_adding_the_same_columns_at_once_both_go_on_and_each_batch_com
         assert "coupon" in lake.table("sales.orders").schema().column_names
 
     assert run_pipeline_process().returncode == 0
-    assert invariant_violations(lake) == []
-    for identifier in TABLES:
-        assert each_batch_committed_once(lake, identifier), identifier
+    assert_every_batch_once(lake)
     orders = scan(lake.metadata_location("sales.orders"), lake.table("sales.orders").current_snapshot().snapshot_id)
     coupons_read = iceberg_connection().sql(f"SELECT coupon FROM {orders} WHERE coupon IS NOT NULL ORDER BY 1")
     assert [row[0] for row in coupons_read.fetchall()] == [f"c{i}" for i in range(5)]
@@ -316,6 +311,4 @@ def test_two_hosts_publishing_one_audited_snapshot_publish_it_and_its_dead_lette
     assert "nothing awaits publishing" in host_a_log.read_text()
     land_round(lake, 2)
     assert run_pipeline_process().returncode == 0
-    assert invariant_violations(lake) == []
-    for identifier in TABLES:
-        assert each_batch_committed_once(lake, identifier), identifier
+    assert_every_batch_once(lake)
