@@ -1,5 +1,5 @@
 """Landing files read by Spark's splittable reader keep each line's exact file and line number,
-however a file is cut into splits."""
+however a file is cut into splits, and when each file is read whole without the counting pass."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -36,11 +36,21 @@ def small_splits(tmp_path_factory):
     return spark, home
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(files=st.lists(st.lists(LINE, min_size=1, max_size=60), min_size=1, max_size=3), newline_at_end=st.booleans())
-def test_every_non_blank_line_keeps_its_file_and_line_number(small_splits, files, newline_at_end):
-    spark, home = small_splits
-    directory = home / f"landing-{abs(hash(str(files)))}"
+@pytest.fixture(scope="module")
+def default_splits(tmp_path_factory):
+    """A Spark session with Spark's own split size (128 MiB)."""
+    from lakehouse_assets.config import parse_config
+    from lakehouse_assets.paths import LakehousePaths
+
+    home = tmp_path_factory.mktemp("whole")
+    config = parse_config({"streams": [{"name": "s", "table_identifier": "a.b"}]})
+    return lakehouse_session(Lakehouse(config, LakehousePaths(home, home))), home
+
+
+def _landed(home, files, newline_at_end):
+    """The files written as landing files; their paths and the (name, line number, text) expected
+    of every non-blank line."""
+    directory = home / f"landing-{abs(hash((str(files), newline_at_end)))}"
     directory.mkdir(exist_ok=True)
     expected = []
     paths = []
@@ -50,9 +60,37 @@ def test_every_non_blank_line_keeps_its_file_and_line_number(small_splits, files
         (directory / name).write_bytes(text.encode("utf-8"))
         paths.append(str(directory / name))
         expected += [(name, number, line) for number, line in enumerate(lines, start=1) if line.strip(" \t\r")]
+    return directory, paths, expected
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files=st.lists(st.lists(LINE, min_size=1, max_size=60), min_size=1, max_size=3), newline_at_end=st.booleans())
+def test_every_non_blank_line_keeps_its_file_and_line_number(small_splits, files, newline_at_end):
+    spark, home = small_splits
+    directory, paths, expected = _landed(home, files, newline_at_end)
 
     frame = read_landing_lines(spark, paths, directory / "links")
     rows = frame.select(SOURCE_FILE_COLUMN, LINE_COLUMN, EVENT_COLUMN).collect()
 
     assert sorted(tuple(row) for row in rows) == sorted(expected)
     assert frame.rdd.getNumPartitions() > 1 or sum(len("\n".join(lines)) for lines in files) < 256
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    files=st.lists(st.lists(LINE, min_size=1, max_size=60), min_size=2, max_size=6).filter(
+        lambda files: sum(1 for lines in files if "".join(lines)) >= 2
+    ),
+    newline_at_end=st.booleans(),
+)
+def test_files_read_whole_number_lines_without_the_counting_pass(default_splits, files, newline_at_end):
+    spark, home = default_splits
+    directory, paths, expected = _landed(home, files, newline_at_end)
+
+    frame = read_landing_lines(spark, paths, directory / "links")
+    rows = frame.select(SOURCE_FILE_COLUMN, LINE_COLUMN, EVENT_COLUMN).collect()
+
+    assert sorted(tuple(row) for row in rows) == sorted(expected)
+    # One partition per file that is not empty: the counting pass would have packed them into one.
+    non_empty = sum(1 for path in paths if open(path, "rb").read())
+    assert frame.rdd.getNumPartitions() == non_empty
