@@ -22,15 +22,19 @@ LINE = st.one_of(
 )
 
 
-@pytest.fixture(scope="module")
-def small_splits(tmp_path_factory):
-    """A Spark session that cuts files into splits of 256 bytes, so each file has many."""
+def _session(home):
     from lakehouse_assets.config import parse_config
     from lakehouse_assets.paths import LakehousePaths
 
-    home = tmp_path_factory.mktemp("lines")
     config = parse_config({"streams": [{"name": "s", "table_identifier": "a.b"}]})
-    spark = lakehouse_session(Lakehouse(config, LakehousePaths(home, home)))
+    return lakehouse_session(Lakehouse(config, LakehousePaths(home, home)))
+
+
+@pytest.fixture(scope="module")
+def small_splits(tmp_path_factory):
+    """A Spark session that cuts files into splits of 256 bytes, so each file has many."""
+    home = tmp_path_factory.mktemp("lines")
+    spark = _session(home)
     spark.conf.set("spark.sql.files.maxPartitionBytes", "256")
     spark.conf.set("spark.sql.files.openCostInBytes", "1")
     return spark, home
@@ -39,17 +43,13 @@ def small_splits(tmp_path_factory):
 @pytest.fixture(scope="module")
 def default_splits(tmp_path_factory):
     """A Spark session with Spark's own split size (128 MiB)."""
-    from lakehouse_assets.config import parse_config
-    from lakehouse_assets.paths import LakehousePaths
-
     home = tmp_path_factory.mktemp("whole")
-    config = parse_config({"streams": [{"name": "s", "table_identifier": "a.b"}]})
-    return lakehouse_session(Lakehouse(config, LakehousePaths(home, home))), home
+    return _session(home), home
 
 
-def _landed(home, files, newline_at_end):
-    """The files written as landing files; their paths and the (name, line number, text) expected
-    of every non-blank line."""
+def _read_as_written(spark, home, files, newline_at_end):
+    """Write ``files`` (lists of lines) as landing files, read them with ``read_landing_lines``,
+    assert every non-blank line came back with its file's name and its line number; the frame."""
     directory = home / f"landing-{abs(hash((str(files), newline_at_end)))}"
     directory.mkdir(exist_ok=True)
     expected = []
@@ -60,19 +60,20 @@ def _landed(home, files, newline_at_end):
         (directory / name).write_bytes(text.encode("utf-8"))
         paths.append(str(directory / name))
         expected += [(name, number, line) for number, line in enumerate(lines, start=1) if line.strip(" \t\r")]
-    return directory, paths, expected
+
+    frame = read_landing_lines(spark, paths, directory / "links")
+    rows = frame.select(SOURCE_FILE_COLUMN, LINE_COLUMN, EVENT_COLUMN).collect()
+
+    assert sorted(tuple(row) for row in rows) == sorted(expected)
+    return frame
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(files=st.lists(st.lists(LINE, min_size=1, max_size=60), min_size=1, max_size=3), newline_at_end=st.booleans())
 def test_every_non_blank_line_keeps_its_file_and_line_number(small_splits, files, newline_at_end):
     spark, home = small_splits
-    directory, paths, expected = _landed(home, files, newline_at_end)
+    frame = _read_as_written(spark, home, files, newline_at_end)
 
-    frame = read_landing_lines(spark, paths, directory / "links")
-    rows = frame.select(SOURCE_FILE_COLUMN, LINE_COLUMN, EVENT_COLUMN).collect()
-
-    assert sorted(tuple(row) for row in rows) == sorted(expected)
     assert frame.rdd.getNumPartitions() > 1 or sum(len("\n".join(lines)) for lines in files) < 256
 
 
@@ -85,12 +86,8 @@ def test_every_non_blank_line_keeps_its_file_and_line_number(small_splits, files
 )
 def test_files_read_whole_number_lines_without_the_counting_pass(default_splits, files, newline_at_end):
     spark, home = default_splits
-    directory, paths, expected = _landed(home, files, newline_at_end)
+    frame = _read_as_written(spark, home, files, newline_at_end)
 
-    frame = read_landing_lines(spark, paths, directory / "links")
-    rows = frame.select(SOURCE_FILE_COLUMN, LINE_COLUMN, EVENT_COLUMN).collect()
-
-    assert sorted(tuple(row) for row in rows) == sorted(expected)
     # One partition per file that is not empty: the counting pass would have packed them into one.
-    non_empty = sum(1 for path in paths if open(path, "rb").read())
+    non_empty = sum(1 for lines in files if "\n".join(lines) or newline_at_end)
     assert frame.rdd.getNumPartitions() == non_empty
