@@ -53,7 +53,9 @@ def lakehouse_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("LAKEHOUSE_HOME", str(home))
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     (tmp_path / "dagster").mkdir()
-    write_config(tmp_path, {"catalog": {"type": "hadoop"}, "streams": [ORDERS_STREAM]}, monkeypatch)
+    # Sensors ticked as the daemon ticks them start no Spark host; test_spark_host.py turns it on.
+    document = {"catalog": {"type": "hadoop"}, "spark_host": {"start_early": False}, "streams": [ORDERS_STREAM]}
+    write_config(tmp_path, document, monkeypatch)
     return home
 
 

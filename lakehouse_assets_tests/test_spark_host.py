@@ -3,22 +3,25 @@ or duplicated batch, and whose errors reach the run that called it."""
 
 import os
 import signal
+from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
 
 from lakehouse_assets import faults
 from lakehouse_assets.commit.committer import commit_table
 from lakehouse_assets.commit.recovery import lakehouse_commits
+from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.engine.spark_host import SparkHostError, call_on_host, host_pid
+from lakehouse_assets.engine.spark_host import STARTING_FILE, SparkHostError, call_on_host, host_pid
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.staging import stage_batch
-from lakehouse_assets_tests.conftest import order_event
+from lakehouse_assets_tests.conftest import order_event, write_config
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
 pytestmark = pytest.mark.spark
@@ -33,18 +36,26 @@ def stops_hosts(lake):
         os.kill(pid, signal.SIGTERM)
 
 
-def _writer_run(config, instance, stream="orders"):
-    """Tick the landing sensor and execute the writer run it requests as the daemon would (with
-    the default resources, so its engine calls go to the Spark host)."""
+def _landing_tick(config, instance, until_idle=True, stream="orders") -> dg.SensorResult:
+    """The landing sensor's tick (as the daemon ticks it with ``until_idle=False``)."""
     defs = build_definitions(config)
-    repository = defs.get_repository_def()
     context = dg.build_sensor_context(
-        instance=instance, definitions=defs, resources={"lakehouse": LakehouseResource(until_idle=True)}
+        instance=instance, definitions=defs, resources={"lakehouse": LakehouseResource(until_idle=until_idle)}
     )
-    [request] = repository.get_sensor_def(names.landing_sensor_name(stream)).evaluate_tick(context).run_requests
-    return repository.get_job(names.stage_job_name(stream)).execute_in_process(
-        run_config=request.run_config, instance=instance, raise_on_error=False
-    )
+    return defs.get_repository_def().get_sensor_def(names.landing_sensor_name(stream)).evaluate_tick(context)
+
+
+def _execute(config, instance, request, stream="orders"):
+    """Execute the writer run of ``request`` as the daemon would (with the default resources, so
+    its engine calls go to the Spark host)."""
+    job = build_definitions(config).get_repository_def().get_job(names.stage_job_name(stream))
+    return job.execute_in_process(run_config=request.run_config, instance=instance, raise_on_error=False)
+
+
+def _writer_run(config, instance, stream="orders"):
+    """Tick the landing sensor and execute the writer run it requests."""
+    [request] = _landing_tick(config, instance, stream=stream).run_requests
+    return _execute(config, instance, request, stream)
 
 
 def test_writer_runs_stage_and_commit_on_one_warm_host(lake, instance, stops_hosts):
@@ -92,3 +103,30 @@ def test_a_host_killed_after_a_commit_leaves_the_batch_committed_once(lake, monk
     assert [row[0] for row in _duckdb_rows(lake, "sales.orders", "order_id")] == list(range(1, 41))
     commits = lakehouse_commits(lake.table("sales.orders"))
     assert [(c.first_sequence, c.last_sequence, c.run) for c in commits] == [(1, 1, "run-killed")]
+
+
+def test_a_landing_sensor_starts_the_host_early_and_the_writer_run_waits_for_that_host(
+    tmp_path, lake, instance, monkeypatch, stops_hosts
+):
+    document = yaml.safe_load(Path(os.environ["LAKEHOUSE_CONFIG"]).read_text())
+    document["spark_host"] = {"start_early": True}
+    write_config(tmp_path, document, monkeypatch)
+    config = load_config()
+    stream = config.stream("orders")
+    landed = land_events(lake.paths, stream, [order_event(i) for i in range(1, 31)])
+
+    # Events pending but not due (flush.max_age 60 s): no run yet, the host is starting.
+    waiting = _landing_tick(config, instance, until_idle=False)
+    starting = int((lake.paths.state / STARTING_FILE).read_text())
+    assert waiting.run_requests == [] and "pending" in waiting.skip_message
+    # Due now: the writer run, launched at once, finds the host starting and waits for that one.
+    os.utime(landed[0], (0, 0))
+    [request] = _landing_tick(config, instance, until_idle=False).run_requests
+    result = _execute(config, instance, request)
+    # A tick while the host runs starts no other.
+    _landing_tick(config, instance, until_idle=False)
+
+    assert result.success
+    assert host_pid(lake) == starting
+    assert int((lake.paths.state / STARTING_FILE).read_text()) == starting
+    assert [row[0] for row in _duckdb_rows(lake, "sales.orders", "order_id")] == list(range(1, 31))

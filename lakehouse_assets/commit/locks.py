@@ -40,6 +40,22 @@ def exclusive_lock(lock_file: Path, timeout_seconds: float = 600.0) -> Iterator[
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+@contextmanager
+def lock_if_free(lock_file: Path) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on ``lock_file`` if no one holds it; yields whether it is held."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a+") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def table_lock_file(locks_dir: Path, table_identifier: str) -> Path:
     return locks_dir / f"table-{table_identifier}.lock"
 

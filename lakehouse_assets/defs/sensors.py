@@ -12,8 +12,10 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import StagedBatchConfig
 from lakehouse_assets.defs.check_status import failed_checks
 from lakehouse_assets.defs.resources import LakehouseResource
+from lakehouse_assets.engine.spark_host import start_in_background
 from lakehouse_assets.ingest.batch_ledger import MintedBatch
-from lakehouse_assets.ingest.micro_batching import mint_next_batch
+from lakehouse_assets.ingest.micro_batching import NO_PENDING_EVENTS, mint_next_batch
+from lakehouse_assets.lakehouse import Lakehouse
 
 MAX_BATCHES_PER_TICK = 16
 SENSOR_DAEMON_LOOP_SECONDS = 5
@@ -113,6 +115,13 @@ def landing_sensor_interval(stream: StreamSpec) -> int:
     return int(min(max(stream.flush.max_age / 3, SENSOR_DAEMON_LOOP_SECONDS), 30))
 
 
+def _start_spark_host_early(lake: Lakehouse) -> None:
+    """Events are coming: start the home's Spark host now (``spark_host.start_early``), so the
+    writer run finds its JVM started instead of starting it."""
+    if lake.config.spark_host.enabled and lake.config.spark_host.start_early:
+        start_in_background(lake)
+
+
 def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
     """Cuts micro-batches of ``stream`` with the dual trigger and requests one writer run each.
 
@@ -151,6 +160,7 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
                 context.log.warning(note)
             if not requests:
                 return dg.SkipReason("; ".join(notes))
+            _start_spark_host_early(lake)
             return dg.SensorResult(run_requests=requests, cursor=context.cursor)
         # ``lakehouse run --until-idle`` runs every request itself and repeats a failed one.
         requests = [writer_run_request(r.minted) for r in unfinished]
@@ -160,6 +170,8 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
             if batch is None:
                 break
             requests.append(writer_run_request(batch))
+        if not lakehouse.until_idle and (requests or reason != NO_PENDING_EVENTS):
+            _start_spark_host_early(lake)
         if not requests:
             return dg.SkipReason(reason)
         return dg.SensorResult(

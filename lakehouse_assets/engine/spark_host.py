@@ -14,8 +14,10 @@ the same table locks, fences and ancestry checks: a host killed mid-call is a pr
 that point (what the fault suite proves safe), and a run that dies while its call goes on leaves a
 call that completes or not, idempotently, and is repeated by the next run.
 
-The first run that needs the host starts it (detached, logging to ``state/spark-host.log``); it
-exits after ``spark_host.idle_timeout`` without calls. Its address is derived from the home, the
+A landing sensor that sees events coming starts the host without waiting for it, so the JVM starts
+while the batch fills; otherwise the first run that needs it does (detached, logging to
+``state/spark-host.log``), and a run that finds a host starting waits for that one. The host exits
+after ``spark_host.idle_timeout`` without calls. Its address is derived from the home, the
 static Spark settings and the package's code, so a change of either gets a new host and the old
 one idles out. Calls are authenticated with a key kept in ``state/`` (mode 0600).
 """
@@ -40,7 +42,7 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from lakehouse_assets.commit.locks import exclusive_lock
+from lakehouse_assets.commit.locks import exclusive_lock, lock_if_free
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
@@ -50,6 +52,8 @@ POLL_SECONDS = 0.1
 KEY_FILE = "spark-host.key"
 LOG_FILE = "spark-host.log"
 SPAWN_LOCK_FILE = "spark-host.lock"
+STARTING_FILE = "spark-host.starting"
+MODULE = "lakehouse_assets.engine.spark_host"
 CODE_CHANGED_EXIT = 3
 
 
@@ -106,8 +110,67 @@ def _connect(address: str, key: bytes) -> Connection | None:
         return None
 
 
+def _spawn(lake: Lakehouse, address: str) -> subprocess.Popen:
+    """Start a host for ``address``, detached, logging to ``state/spark-host.log`` (spawn lock held)."""
+    Path(address).unlink(missing_ok=True)  # a host that died leaves its socket file behind
+    log = open(lake.paths.state / LOG_FILE, "ab")  # noqa: SIM115 - handed to the host process
+    command = [sys.executable, "-m", MODULE, "--address", address]
+    command += ["--idle-timeout", str(lake.config.spark_host.idle_timeout), "--code-stamp", code_stamp()]
+    host = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    (lake.paths.state / STARTING_FILE).write_text(str(host.pid))
+    return host
+
+
+def _starting_host(lake: Lakehouse, address: str) -> int | None:
+    """The process id of a host that another process started for ``address`` and that has not
+    exited, or None."""
+    try:
+        pid = int((lake.paths.state / STARTING_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if _is_host_for(pid, address) else None
+
+
+def _is_host_for(pid: int, address: str) -> bool:
+    """Whether process ``pid`` runs as the host of ``address``. Where ``/proc`` tells, an exited
+    child its parent has not reaped yet does not run, and a process id that another program uses
+    again is not a host; elsewhere any live process ``pid`` counts."""
+    proc = Path(f"/proc/{pid}")
+    if not Path("/proc/self").exists():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    try:
+        if (proc / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
+            return False
+        arguments = (proc / "cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return MODULE.encode() in arguments and address.encode() in arguments
+
+
+def start_in_background(lake: Lakehouse) -> None:
+    """Start the home's host unless one answers or is starting, without waiting for it: a sensor
+    that sees events coming calls this, so the JVM starts while the batch fills and its run is
+    queued and launched, not after."""
+    address, key = host_address(lake), _authkey(lake.paths)
+    with lock_if_free(lake.paths.state / SPAWN_LOCK_FILE) as locked:
+        if not locked:  # a run is starting a host, or waiting for one
+            return
+        connection = _connect(address, key)
+        if connection is not None:
+            connection.close()
+        elif _starting_host(lake, address) is None:
+            _spawn(lake, address)
+
+
 def _connect_or_start(lake: Lakehouse) -> Connection:
-    """A connection to the home's host, starting the host first when none answers."""
+    """A connection to the home's host, starting the host first when none answers or is starting."""
     address, key = host_address(lake), _authkey(lake.paths)
     connection = _connect(address, key)
     if connection is not None:
@@ -116,20 +179,19 @@ def _connect_or_start(lake: Lakehouse) -> Connection:
         connection = _connect(address, key)
         if connection is not None:
             return connection
-        Path(address).unlink(missing_ok=True)  # a host that died leaves its socket file behind
-        log = open(lake.paths.state / LOG_FILE, "ab")  # noqa: SIM115 - handed to the host process
-        command = [sys.executable, "-m", "lakehouse_assets.engine.spark_host", "--address", address]
-        command += ["--idle-timeout", str(lake.config.spark_host.idle_timeout), "--code-stamp", code_stamp()]
-        host = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        starting = _starting_host(lake, address)
+        exit_code: Callable[[], int | str | None]
+        if starting is None:
+            exit_code = _spawn(lake, address).poll
+        else:  # another process's host: only its parent can read its exit code
+            exit_code = lambda: None if _is_host_for(starting, address) else "unknown"  # noqa: E731
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
-            if host.poll() == CODE_CHANGED_EXIT:
+            code = exit_code()
+            if code == CODE_CHANGED_EXIT:
                 raise SparkHostError("the package changed since this run started; the next run uses the new code")
-            if host.poll() is not None:
-                raise SparkHostError(
-                    f"the Spark host exited with code {host.returncode}; see {lake.paths.state / LOG_FILE}"
-                )
+            if code is not None:
+                raise SparkHostError(f"the Spark host exited (code {code}); see {lake.paths.state / LOG_FILE}")
             connection = _connect(address, key)
             if connection is not None:
                 return connection

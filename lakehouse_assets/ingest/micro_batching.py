@@ -26,6 +26,8 @@ from lakehouse_assets.ingest.landing import LandingFile, landing_dir, list_landi
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 
+NO_PENDING_EVENTS = "no pending events"
+
 
 @dataclass(frozen=True)
 class FlushDecision:
@@ -38,7 +40,7 @@ class FlushDecision:
 def decide_flush(pending: list[LandingFile], stream: StreamSpec, now: float, drain: bool = False) -> FlushDecision:
     """Apply the dual trigger to the pending files; ``drain`` cuts whatever is pending."""
     if not pending:
-        return FlushDecision([], "no pending events")
+        return FlushDecision([], NO_PENDING_EVENTS)
     pending_bytes = sum(landed.size for landed in pending)
     oldest_age = now - min(landed.landed_at for landed in pending)
     flush = stream.flush
