@@ -485,7 +485,8 @@ class SparkHostSpec(_Strict):
 
     enabled: bool = True
     idle_timeout: Duration = Field(default=600.0, gt=0)
-    """The host exits after this long without a call; the next run starts it again."""
+    """The host exits after this long without a call; the next landing sensor tick that sees events
+    pending (``start_early``), or else the next run, starts it again."""
     start_early: bool = True
     """A landing sensor that sees events pending starts the host at once (without waiting for it),
     so its JVM starts while the batch fills and its run is queued; false: the first run that needs

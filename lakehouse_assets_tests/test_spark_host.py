@@ -16,7 +16,7 @@ from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.engine.spark_host import STARTING_FILE, SparkHostError, call_on_host, host_pid
+from lakehouse_assets.engine.spark_host import SparkHostError, call_on_host, host_pid
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
@@ -37,7 +37,7 @@ def stops_hosts(lake):
 
 
 def _landing_tick(config, instance, until_idle=True, stream="orders") -> dg.SensorResult:
-    """The landing sensor's tick (as the daemon ticks it with ``until_idle=False``)."""
+    """The landing sensor's tick: as ``lakehouse run`` ticks it, or with ``until_idle=False`` as the daemon does."""
     defs = build_definitions(config)
     context = dg.build_sensor_context(
         instance=instance, definitions=defs, resources={"lakehouse": LakehouseResource(until_idle=until_idle)}
@@ -105,6 +105,12 @@ def test_a_host_killed_after_a_commit_leaves_the_batch_committed_once(lake, monk
     assert [(c.first_sequence, c.last_sequence, c.run) for c in commits] == [(1, 1, "run-killed")]
 
 
+def _started_host(lake) -> int:
+    """The process id of the last host started for the home (from its alive lock)."""
+    [alive] = lake.paths.state.glob("*.alive")
+    return int(alive.read_text().split()[0])
+
+
 def test_a_landing_sensor_starts_the_host_early_and_the_writer_run_waits_for_that_host(
     tmp_path, lake, instance, monkeypatch, stops_hosts
 ):
@@ -117,16 +123,17 @@ def test_a_landing_sensor_starts_the_host_early_and_the_writer_run_waits_for_tha
 
     # Events pending but not due (flush.max_age 60 s): no run yet, the host is starting.
     waiting = _landing_tick(config, instance, until_idle=False)
-    starting = int((lake.paths.state / STARTING_FILE).read_text())
+    starting = _started_host(lake)
     assert waiting.run_requests == [] and "pending" in waiting.skip_message
-    # Due now: the writer run, launched at once, finds the host starting and waits for that one.
+    # Due now: the writer run, launched while the host still starts, waits for that one.
     os.utime(landed[0], (0, 0))
     [request] = _landing_tick(config, instance, until_idle=False).run_requests
+    assert host_pid(lake) is None, "the host answered before the run: the run would not have to wait"
     result = _execute(config, instance, request)
     # A tick while the host runs starts no other.
     _landing_tick(config, instance, until_idle=False)
 
     assert result.success
     assert host_pid(lake) == starting
-    assert int((lake.paths.state / STARTING_FILE).read_text()) == starting
+    assert _started_host(lake) == starting
     assert [row[0] for row in _duckdb_rows(lake, "sales.orders", "order_id")] == list(range(1, 31))

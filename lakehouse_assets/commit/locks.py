@@ -47,13 +47,14 @@ def lock_if_free(lock_file: Path) -> Iterator[bool]:
     with open(lock_file, "a+") as handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
         except BlockingIOError:
-            yield False
-            return
+            locked = False
         try:
-            yield True
+            yield locked
         finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def table_lock_file(locks_dir: Path, table_identifier: str) -> Path:

@@ -1,4 +1,4 @@
-"""Thin resources: where the lakehouse lives, and Spark, started only when a run needs it."""
+"""Thin resources: where the lakehouse lives, and Spark (the home's warm Spark host, or a JVM of the run's own)."""
 
 from __future__ import annotations
 

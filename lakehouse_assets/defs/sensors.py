@@ -115,11 +115,16 @@ def landing_sensor_interval(stream: StreamSpec) -> int:
     return int(min(max(stream.flush.max_age / 3, SENSOR_DAEMON_LOOP_SECONDS), 30))
 
 
-def _start_spark_host_early(lake: Lakehouse) -> None:
+def _start_spark_host_early(context: dg.SensorEvaluationContext, lake: Lakehouse) -> None:
     """Events are coming: start the home's Spark host now (``spark_host.start_early``), so the
-    writer run finds its JVM started instead of starting it."""
-    if lake.config.spark_host.enabled and lake.config.spark_host.start_early:
+    writer run finds its JVM started instead of starting it. Best effort: the run starts the host
+    itself otherwise, and reports why it cannot."""
+    if not (lake.config.spark_host.enabled and lake.config.spark_host.start_early):
+        return
+    try:
         start_in_background(lake)
+    except Exception as error:  # noqa: BLE001 - never let an optimisation hold back the tick's requests
+        context.log.warning(f"could not start the Spark host early ({error}); the writer run will start it")
 
 
 def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
@@ -131,7 +136,8 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
     backoff (``unstaged_batch_request``), and the tick says so.
     While one batch waits for its writer run, no other is cut: the events that land meanwhile go
     into the next batch, so under load batches grow instead of runs piling up in the queue, and
-    each writer run pays its process and JVM start for as many events as arrived during the last.
+    each writer run pays its process start for as many events as arrived during the last. A tick
+    that sees events coming starts the Spark host, so the first batch does not wait for its JVM.
     """
 
     @dg.sensor(
@@ -160,7 +166,7 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
                 context.log.warning(note)
             if not requests:
                 return dg.SkipReason("; ".join(notes))
-            _start_spark_host_early(lake)
+            _start_spark_host_early(context, lake)
             return dg.SensorResult(run_requests=requests, cursor=context.cursor)
         # ``lakehouse run --until-idle`` runs every request itself and repeats a failed one.
         requests = [writer_run_request(r.minted) for r in unfinished]
@@ -171,7 +177,7 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
                 break
             requests.append(writer_run_request(batch))
         if not lakehouse.until_idle and (requests or reason != NO_PENDING_EVENTS):
-            _start_spark_host_early(lake)
+            _start_spark_host_early(context, lake)
         if not requests:
             return dg.SkipReason(reason)
         return dg.SensorResult(

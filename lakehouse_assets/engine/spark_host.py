@@ -16,8 +16,9 @@ call that completes or not, idempotently, and is repeated by the next run.
 
 A landing sensor that sees events coming starts the host without waiting for it, so the JVM starts
 while the batch fills; otherwise the first run that needs it does (detached, logging to
-``state/spark-host.log``), and a run that finds a host starting waits for that one. The host exits
-after ``spark_host.idle_timeout`` without calls. Its address is derived from the home, the
+``state/spark-host.log``). A host holds a lock from its spawn to its exit, so a run that finds one
+starting waits for that one instead of starting a second. The host exits after
+``spark_host.idle_timeout`` without calls. Its address is derived from the home, the
 static Spark settings and the package's code, so a change of either gets a new host and the old
 one idles out. Calls are authenticated with a key kept in ``state/`` (mode 0600).
 """
@@ -25,6 +26,7 @@ one idles out. Calls are authenticated with a key kept in ``state/`` (mode 0600)
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import pickle
@@ -52,8 +54,6 @@ POLL_SECONDS = 0.1
 KEY_FILE = "spark-host.key"
 LOG_FILE = "spark-host.log"
 SPAWN_LOCK_FILE = "spark-host.lock"
-STARTING_FILE = "spark-host.starting"
-MODULE = "lakehouse_assets.engine.spark_host"
 CODE_CHANGED_EXIT = 3
 
 
@@ -110,67 +110,64 @@ def _connect(address: str, key: bytes) -> Connection | None:
         return None
 
 
+def _alive_lock(lake: Lakehouse, address: str) -> Path:
+    """The lock a host of ``address`` holds from its spawn to its exit; it holds the host's process
+    id and spawn time."""
+    return lake.paths.state / f"{Path(address).stem}.alive"
+
+
+def _host_running(lake: Lakehouse, address: str) -> bool:
+    """Whether a host of ``address`` runs or is starting. The OS releases the host's lock when it
+    exits, so a host that died, an exited child not reaped yet or a process id used again by
+    another program does not count."""
+    with lock_if_free(_alive_lock(lake, address)) as free:
+        return not free
+
+
 def _spawn(lake: Lakehouse, address: str) -> subprocess.Popen:
-    """Start a host for ``address``, detached, logging to ``state/spark-host.log`` (spawn lock held)."""
+    """Start a host for ``address``, detached, logging to ``state/spark-host.log`` (spawn lock held,
+    no host running). The host inherits its alive lock, taken here, so it counts from this moment."""
     Path(address).unlink(missing_ok=True)  # a host that died leaves its socket file behind
-    log = open(lake.paths.state / LOG_FILE, "ab")  # noqa: SIM115 - handed to the host process
-    command = [sys.executable, "-m", MODULE, "--address", address]
-    command += ["--idle-timeout", str(lake.config.spark_host.idle_timeout), "--code-stamp", code_stamp()]
-    host = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    log.close()
-    (lake.paths.state / STARTING_FILE).write_text(str(host.pid))
+    alive = os.open(_alive_lock(lake, address), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(alive, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        log = open(lake.paths.state / LOG_FILE, "ab")  # noqa: SIM115 - handed to the host process
+        command = [sys.executable, "-m", "lakehouse_assets.engine.spark_host", "--address", address]
+        command += ["--idle-timeout", str(lake.config.spark_host.idle_timeout), "--code-stamp", code_stamp()]
+        host = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(alive,)
+        )
+        log.close()
+        os.ftruncate(alive, 0)
+        os.write(alive, f"{host.pid} {time.time()}".encode())
+    finally:
+        os.close(alive)  # the host's copy keeps the lock
     return host
 
 
-def _starting_host(lake: Lakehouse, address: str) -> int | None:
-    """The process id of a host that another process started for ``address`` and that has not
-    exited, or None."""
+def _last_spawned_at(lake: Lakehouse, address: str) -> float:
     try:
-        pid = int((lake.paths.state / STARTING_FILE).read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return pid if _is_host_for(pid, address) else None
-
-
-def _is_host_for(pid: int, address: str) -> bool:
-    """Whether process ``pid`` runs as the host of ``address``. Where ``/proc`` tells, an exited
-    child its parent has not reaped yet does not run, and a process id that another program uses
-    again is not a host; elsewhere any live process ``pid`` counts."""
-    proc = Path(f"/proc/{pid}")
-    if not Path("/proc/self").exists():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    try:
-        if (proc / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
-            return False
-        arguments = (proc / "cmdline").read_bytes().split(b"\0")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return MODULE.encode() in arguments and address.encode() in arguments
+        return float(_alive_lock(lake, address).read_text().split()[1])
+    except (FileNotFoundError, ValueError, IndexError):
+        return 0.0
 
 
 def start_in_background(lake: Lakehouse) -> None:
-    """Start the home's host unless one answers or is starting, without waiting for it: a sensor
-    that sees events coming calls this, so the JVM starts while the batch fills and its run is
-    queued and launched, not after."""
-    address, key = host_address(lake), _authkey(lake.paths)
+    """Start the home's host unless one runs or is starting, without waiting for it: a sensor that
+    sees events coming calls this, so the JVM starts while the batch fills and its run is queued
+    and launched, not after. Never waits for a lock; starts no host within the start-up time of the
+    last one (one that died starting is left to the runs, which report why)."""
+    address = host_address(lake)
     with lock_if_free(lake.paths.state / SPAWN_LOCK_FILE) as locked:
-        if not locked:  # a run is starting a host, or waiting for one
+        if not locked or _host_running(lake, address):  # a run is starting one, or one runs
             return
-        connection = _connect(address, key)
-        if connection is not None:
-            connection.close()
-        elif _starting_host(lake, address) is None:
-            _spawn(lake, address)
+        if time.time() - _last_spawned_at(lake, address) < START_TIMEOUT_SECONDS:
+            return
+        _spawn(lake, address)
 
 
 def _connect_or_start(lake: Lakehouse) -> Connection:
-    """A connection to the home's host, starting the host first when none answers or is starting."""
+    """A connection to the home's host, starting the host first when none runs or is starting."""
     address, key = host_address(lake), _authkey(lake.paths)
     connection = _connect(address, key)
     if connection is not None:
@@ -179,12 +176,11 @@ def _connect_or_start(lake: Lakehouse) -> Connection:
         connection = _connect(address, key)
         if connection is not None:
             return connection
-        starting = _starting_host(lake, address)
         exit_code: Callable[[], int | str | None]
-        if starting is None:
+        if _host_running(lake, address):  # started by another process: only its parent reads its exit code
+            exit_code = lambda: None if _host_running(lake, address) else "unknown"  # noqa: E731
+        else:
             exit_code = _spawn(lake, address).poll
-        else:  # another process's host: only its parent can read its exit code
-            exit_code = lambda: None if _is_host_for(starting, address) else "unknown"  # noqa: E731
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             code = exit_code()

@@ -272,9 +272,11 @@ def _whole_file_reader(spark: SparkSession, sizes: list[int]) -> SparkSession | 
         return None
     if len(present) < cores and sum(present) > SMALL_BATCH_BYTES:
         return None
-    reader = spark.newSession()
-    # A file's cost to open as large as a split: Spark cuts no file and packs no two files into one
-    # partition (FilePartition.getFilePartitions), unless told to cap the number of partitions.
+    # A copy of the session (its settings, catalogs, views and functions), with a file's cost to
+    # open as large as a split: Spark cuts no file and packs no two files into one partition
+    # (FilePartition.getFilePartitions), unless told to cap the number of partitions. Landing
+    # files are never modified, so a file's size is the size Spark plans with.
+    reader = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
     reader.conf.set("spark.sql.files.maxPartitionBytes", str(split_bytes))
     reader.conf.set("spark.sql.files.openCostInBytes", str(split_bytes))
     reader.conf.unset("spark.sql.files.maxPartitionNum")
