@@ -11,6 +11,7 @@ import yaml
 
 from lakehouse_assets import faults
 from lakehouse_assets.commit.committer import commit_table
+from lakehouse_assets.commit.locks import lock_if_free
 from lakehouse_assets.commit.recovery import lakehouse_commits
 from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
@@ -29,11 +30,13 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture
 def stops_hosts(lake):
-    """Stops the home's Spark host after the test, as its idle timeout would later."""
+    """Stops the home's Spark hosts after the test, as their idle timeout would later: every host
+    that runs or is still starting holds its alive lock."""
     yield
-    pid = host_pid(lake)
-    if pid:
-        os.kill(pid, signal.SIGTERM)
+    for alive in lake.paths.state.glob("*.alive"):
+        with lock_if_free(alive) as free:
+            if not free:
+                os.kill(int(alive.read_text().split()[0]), signal.SIGTERM)
 
 
 def _landing_tick(config, instance, until_idle=True, stream="orders") -> dg.SensorResult:
