@@ -94,12 +94,13 @@ def postgres() -> Iterator[PostgresServer]:
         yield server
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The unit tier (``-m "not spark"``, ``make unit``) needs no JVM: fail it if a test started one."""
-    if "not spark" not in session.config.option.markexpr or "pyspark" not in sys.modules:
+@pytest.fixture(scope="session", autouse=True)
+def unit_tier_starts_no_jvm(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The unit tier (``-m "not spark"``, ``make unit``) needs no JVM: an error after its last test
+    if one of its tests started one (a fixture's error reaches the run's result under xdist too)."""
+    yield
+    if "not spark" not in request.config.option.markexpr or "pyspark" not in sys.modules:
         return
     from pyspark import SparkContext
 
-    if SparkContext._gateway is not None:
-        session.config.get_terminal_writer().line("a test outside the spark marker started a JVM", red=True)
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    assert SparkContext._gateway is None, "a test outside the spark marker started a JVM"
