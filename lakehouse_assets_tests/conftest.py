@@ -53,15 +53,16 @@ def lakehouse_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("LAKEHOUSE_HOME", str(home))
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     (tmp_path / "dagster").mkdir()
-    # Sensors ticked as the daemon ticks them start no Spark host; test_spark_host.py turns it on.
-    document = {"catalog": {"type": "hadoop"}, "spark_host": {"start_early": False}, "streams": [ORDERS_STREAM]}
-    write_config(tmp_path, document, monkeypatch)
+    write_config(tmp_path, {"catalog": {"type": "hadoop"}, "streams": [ORDERS_STREAM]}, monkeypatch)
     return home
 
 
 def write_config(directory: Path, document: dict, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Write ``document`` as the test's config. Sensors ticked as the daemon ticks them start no
+    Spark host (it would outlive the test by its idle timeout) unless the document says so, as
+    ``test_spark_host.py`` does."""
     path = directory / "lakehouse.yaml"
-    path.write_text(yaml.safe_dump(document))
+    path.write_text(yaml.safe_dump({"spark_host": {"start_early": False}, **document}))
     monkeypatch.setenv("LAKEHOUSE_CONFIG", str(path))
     return path
 
