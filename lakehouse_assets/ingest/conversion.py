@@ -275,7 +275,10 @@ def _whole_file_reader(spark: SparkSession, sizes: list[int]) -> SparkSession | 
     # A copy of the session (its settings, catalogs, views and functions), with a file's cost to
     # open as large as a split: Spark cuts no file and packs no two files into one partition
     # (FilePartition.getFilePartitions), unless told to cap the number of partitions. Landing
-    # files are never modified, so a file's size is the size Spark plans with.
+    # files are never modified, so a file's size is the size Spark plans with. PySpark has no
+    # public way to copy a session: ``newSession`` would drop the runtime settings (catalogs among
+    # them), so this goes around it to the JVM's ``cloneSession`` (internal to Spark's SQL package,
+    # reachable through py4j).
     reader = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
     reader.conf.set("spark.sql.files.maxPartitionBytes", str(split_bytes))
     reader.conf.set("spark.sql.files.openCostInBytes", str(split_bytes))
