@@ -31,6 +31,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial, reduce
+from itertools import groupby
 
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
@@ -57,7 +58,13 @@ from lakehouse_assets.commit.recovery import (
     next_epoch,
     table_history,
 )
-from lakehouse_assets.commit.table_writes import ChangeCounts, append_rows, count_changes, merge_changes
+from lakehouse_assets.commit.table_writes import (
+    ChangeCounts,
+    append_rows,
+    append_staged_snapshots,
+    count_changes,
+    merge_changes,
+)
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.errors import CommitOutcomeUnknownError, FencedError, SequenceGapError
 from lakehouse_assets.faults import crash_point
@@ -225,13 +232,23 @@ class CommitOutcome:
     """Under ``publish: audit``: the audit branch holds commits main does not, so nothing new was committed."""
 
 
+def _has_staged_data(committer: CommitterPass, record: BatchRecord) -> bool:
+    """Whether the batch's staged Parquet, and its staged snapshot if it has one, are still there
+    (snapshot expiry removes a staged snapshot, and its files, that waited longer than it keeps)."""
+    if not record.events_path().is_dir():
+        return False
+    snapshot_id = record.staged.staged_snapshot
+    return snapshot_id is None or committer.table().snapshot_by_id(snapshot_id) is not None
+
+
 def _ensure_staged_data(committer: CommitterPass, stream: StreamSpec, record: BatchRecord) -> BatchRecord:
-    """The batch with its staged Parquet, staging it again from its landing files if it is gone."""
-    if record.events_path().is_dir():
+    """The batch with its staged data, staging it again (as Parquet: this pass holds the table's
+    lock) from its landing files if it is gone."""
+    if _has_staged_data(committer, record):
         return record
     ledger = committer.lake.ledger(stream.name)
     ledger.reset_to_minted(record.sequence)
-    stage_batch(committer.spark, committer.lake, stream, record.sequence, run_id=committer.run_id)
+    stage_batch(committer.spark, committer.lake, stream, record.sequence, run_id=committer.run_id, into_table=False)
     return ledger.batch(record.sequence)
 
 
@@ -320,7 +337,6 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
     """Publish ``batches`` in one commit (an append, or one MERGE for a change stream)."""
     identifier = stream.table_identifier
     started = time.monotonic()
-    batches = [_ensure_staged_data(committer, stream, record) for record in batches]
     if committer.target == MAIN_BRANCH:
         dead_letters = commit_dead_letters(committer.spark, committer.lake, stream, batches, committer.stamp)
         crash_point(faults.COMMITTER_AFTER_DEAD_LETTERS)
@@ -330,13 +346,21 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
         dead_letters = sum(record.staged.rejected for record in batches)
     spark = committer.spark
     _evolve_schema(committer, stream, batches)
+    keys = identifier_columns(committer.lake, stream)
+    staged_snapshots = [record.staged.staged_snapshot for record in batches]
+    if all(staged_snapshots):
+        # Rows written once by the writers: publish their files (``staging.writes_once``).
+        rows = sum(record.staged.rows for record in batches)
+        counts = ChangeCounts(inserted=rows, updated=0, deleted=0)
+        properties = summary_keys.commit_summary(stream.name, batches, rows, rows, committer.stamp)
+        write = partial(append_staged_snapshots, spark, identifier, staged_snapshots, properties, committer.branch)
+        return _publish(committer, stream, batches, write, "append", properties, counts, dead_letters, started)
     table_schema = spark.table(qualified_name(identifier, committer.branch)).schema
     columns = table_schema.fieldNames()
     # Each batch is aligned to the table on its own: batches staged with different new columns, or
     # with different types for one (the first committed type wins), cannot be read as one.
     aligned = [accepted_rows(spark.read.parquet(str(record.events_path())), table_schema) for record in batches]
     staged = reduce(DataFrame.unionByName, aligned)
-    keys = identifier_columns(committer.lake, stream)
     if keys:
         counts = count_changes(spark, identifier, staged, keys, committer.branch, stream.order_column)
         rows = counts.inserted + counts.updated
@@ -369,6 +393,26 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
         properties = summary_keys.commit_summary(stream.name, batches, rows, rows, committer.stamp)
         write = partial(append_rows, staged.select(*columns), identifier, properties, committer.branch)
     late_events = _record_completeness(committer, stream, staged, properties)
+    kind = "merge" if keys else "append"
+    return _publish(committer, stream, batches, write, kind, properties, counts, dead_letters, started, late_events)
+
+
+def _publish(
+    committer: CommitterPass,
+    stream: StreamSpec,
+    batches: list[BatchRecord],
+    write: Callable[[], None],
+    kind: str,
+    properties: dict[str, str],
+    counts: ChangeCounts,
+    dead_letters: int,
+    started: float,
+    late_events: int = 0,
+) -> CommitResult:
+    """Run ``write`` (the batches' one commit of ``kind``, carrying ``properties``) until the
+    ancestry shows it, record the bookkeeping, and describe the commit."""
+    identifier = stream.table_identifier
+    rows = counts.inserted + counts.updated
     schema_change = columns_added_since_last_snapshot(committer.table(), committer.branch)
     if schema_change:
         properties[summary_keys.SCHEMA_CHANGE] = json.dumps(schema_change)
@@ -387,7 +431,7 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
     return CommitResult(
         table=identifier,
         stream=stream.name,
-        kind="merge" if keys else "append",
+        kind=kind,
         snapshot_id=snapshot.snapshot_id,
         metadata_location=committer.lake.metadata_location(identifier),
         first_sequence=batches[0].sequence,
@@ -442,7 +486,14 @@ def _commit_stream(
     # Appends fold every ready batch into one commit. Changes commit one batch at a time, in order:
     # folding them would need the net effect across batches, and a per-batch commit keeps each
     # batch's deletes and upserts checkable on its own snapshot.
-    groups = [[record] for record in plan.ready] if stream.applies_changes else [plan.ready] if plan.ready else []
+    ready = [_ensure_staged_data(committer, stream, record) for record in plan.ready]
+    if stream.applies_changes:
+        groups = [[record] for record in ready]
+    else:
+        # Batches written once into staged snapshots and batches staged as Parquet publish by
+        # different writes: each run of consecutive batches of one kind is one commit.
+        runs = groupby(ready, key=lambda record: record.staged.staged_snapshot is None)
+        groups = [list(group) for _, group in runs]
     for group in groups:
         results.append(_commit_group(committer, stream, group))
 

@@ -1,6 +1,8 @@
 """How rows reach a table from Spark, with ``lakehouse.*`` keys in the snapshot summary.
 
-Appends pass the keys as ``snapshot-property.*`` write options. ``MERGE INTO`` is SQL, which has no
+Appends pass the keys as ``snapshot-property.*`` write options. Rows a writer already wrote into
+staged snapshots are published by Iceberg's ``AppendFiles`` (through py4j: PySpark has no API for
+it), which adds those same data files to a branch with the keys, writing no data. ``MERGE INTO`` is SQL, which has no
 such option, so the statement runs inside Iceberg's ``CommitMetadata.withCommitProperties``: a
 thread-local that Iceberg's Spark writer adds to the commit's summary. It is called through py4j
 with a Python ``Callable``; py4j runs the callback's own Spark calls on the calling JVM thread, so
@@ -46,6 +48,30 @@ def append_rows(frame: DataFrame, identifier: str, properties: dict[str, str], b
     for key, value in properties.items():
         writer = writer.option(f"snapshot-property.{key}", value)
     writer.append()
+
+
+def append_staged_snapshots(
+    spark: SparkSession,
+    identifier: str,
+    snapshot_ids: list[int],
+    properties: dict[str, str],
+    branch: str | None = None,
+) -> None:
+    """Publish the data files the staged snapshots ``snapshot_ids`` added to the table (or its
+    ``branch``) in one append commit carrying ``properties`` in its summary."""
+    table = spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+        spark._jsparkSession, qualified_name(identifier)
+    )
+    table.refresh()
+    append = table.newAppend()
+    for snapshot_id in snapshot_ids:
+        for data_file in table.snapshot(snapshot_id).addedDataFiles(table.io()):
+            append.appendFile(data_file)
+    for key, value in properties.items():
+        append.set(key, value)
+    if branch and branch != "main":
+        append.toBranch(branch)
+    append.commit()
 
 
 def count_changes(

@@ -74,6 +74,8 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
                 "bytes": outcome.bytes,
                 "attempt": staged.attempt,
                 "written_by_this_run": outcome.written_now,
+                # The table's staged snapshot holding the rows (written once), or "" (staged Parquet).
+                "staged_snapshot": str(staged.staged_snapshot or ""),
                 "max_event_time": staged.max_event_time or "",
                 "stage_seconds": round(time.monotonic() - started, 3),
             }

@@ -3,7 +3,8 @@
 Layout under ``$LAKEHOUSE_HOME/staging/<stream>/<sequence>/``:
 
 - ``batch.json``: minted by the micro-batch sensor (the exact landing files of the batch);
-- ``attempt-<id>/events/``: Parquet written by one writer attempt (rows and rejected events);
+- ``attempt-<id>/events/``: Parquet written by one writer attempt (rows and rejected events, or
+  only the rejected events when the rows went into a staged snapshot of the table);
 - ``staged.json``: the attempt that won, with row counts and event-time range (created once);
 - ``committed.json``: bookkeeping after the commit; the table's snapshot ancestry stays the truth.
 
@@ -68,6 +69,9 @@ class StagedBatch:
     """Columns the batch's events have and the table lacked (schema evolution), with their types."""
     routes: dict[str, int] = field(default_factory=dict)
     """A router's batch: the events it routed to each table."""
+    staged_snapshot: int | None = None
+    """The table's staged snapshot holding the batch's rows (written once, see ``staging``); None
+    when the rows are in the staged Parquet."""
 
 
 @dataclass(frozen=True)

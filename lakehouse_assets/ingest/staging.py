@@ -1,11 +1,16 @@
-"""How a batch is staged: read exactly its landing files, convert, write Parquet invisibly.
+"""How a batch is staged: read exactly its landing files, convert, write invisibly.
 
-Staged data lives beside the ledger, never in the table, so readers see nothing until the
-committer publishes it. Each attempt writes into its own directory and the first attempt to
-record itself wins, so a retried or duplicated writer run leaves exactly one staged batch. Spark
-reads the landing files through links named by position (``inputs/``), so a file's name is never
-a pattern or a path to Hadoop. Should the conversion job still fail on some events, they are
-isolated and staged as dead letters with Spark's error (``quarantine``), and the rest is staged.
+Readers see nothing until the committer publishes a batch. Most batches are staged as Parquet
+beside the ledger. A plain append batch on the embedded (Hadoop) catalog writes its rows once,
+straight into the table's files, under a staged snapshot that no branch references (Iceberg's
+write-audit-publish: ``write.wap.enabled`` and ``spark.wap.id``); the committer then publishes
+those same files, and only the rejected events are staged as Parquet. Each attempt writes into
+its own directory (and its own staged snapshot) and the first attempt to record itself wins, so a
+retried or duplicated writer run leaves exactly one staged batch; a losing staged snapshot is
+never published, and snapshot expiry removes its files. Spark reads the landing files through
+links named by position (``inputs/``), so a file's name is never a pattern or a path to Hadoop.
+Should the conversion job still fail on some events, they are isolated and staged as dead letters
+with Spark's error (``quarantine``), and the rest is staged as Parquet.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakehouse_assets import faults
-from lakehouse_assets.catalog.table_metadata import qualified_name
+from lakehouse_assets.catalog.table_metadata import is_hadoop_catalog, qualified_name
 from lakehouse_assets.catalog.tables import ensure_table, identifier_columns
+from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.config import ColumnSpec, StreamSpec
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.faults import crash_point
@@ -42,6 +48,11 @@ from lakehouse_assets.source.iceberg_source import source_columns
 # they compare correctly as strings.
 ISO_8601_UTC = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
 INPUT_LINKS_DIR = "inputs"
+# Iceberg's write-audit-publish: the table property that allows staged snapshots, the session
+# setting that makes a write one, and the summary key naming it.
+WAP_ENABLED_PROPERTY = "write.wap.enabled"
+WAP_ID_SETTING = "spark.wap.id"
+WAP_ID_SUMMARY_KEY = "wap.id"
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,78 @@ def _write_observed(
     return observation.get
 
 
+def writes_once(lake: Lakehouse, stream: StreamSpec, identifier_columns: list[str], added: dict[str, str]) -> bool:
+    """Whether the batch's rows go straight into a staged snapshot of the table: a plain append
+    (no keys, no columns added, no watermark to compute from the rows, no audit branch, not an
+    Iceberg source) on the embedded Hadoop catalog, whose table lock covers every committer. On a
+    catalog shared by hosts, the staged snapshot's commit could conflict with another host's
+    commit, and Iceberg's own retry is off on our tables, so those batches stage Parquet."""
+    return (
+        is_hadoop_catalog(lake.config.catalog)
+        and not identifier_columns
+        and not added
+        and not stream.applies_changes
+        and not stream.schema_evolution
+        and stream.completeness is None
+        and not stream.iceberg_source
+        and not lake.config.audits(stream.table_identifier)
+    )
+
+
+def staged_snapshot_id(lake: Lakehouse, identifier: str, wap_id: str) -> int:
+    """The id of the table's staged snapshot written with ``spark.wap.id = wap_id``."""
+    table = lake.table(identifier)
+    for snapshot in table.snapshots() if table else []:
+        if snapshot.summary and snapshot.summary.additional_properties.get(WAP_ID_SUMMARY_KEY) == wap_id:
+            return snapshot.snapshot_id
+    raise LakehouseError(f"table {identifier}: the staged snapshot {wap_id} is missing after its write")
+
+
+def _write_once(
+    spark: SparkSession,
+    lake: Lakehouse,
+    stream: StreamSpec,
+    staged: Callable[[], DataFrame],
+    table_schema: T.StructType,
+    sequence: int,
+    attempt: str,
+    attempt_dir: Path,
+) -> tuple[dict, int]:
+    """Write the accepted rows of ``staged()`` into a staged snapshot of the table, observing the
+    batch's figures while writing, then the rejected events (if any) as the attempt's Parquet.
+    Returns the figures and the staged snapshot's id.
+
+    The rows keep the job's own partitioning (no shuffle: each task writes a file per table
+    partition it meets), which is what makes one write cheaper than two. Rejected events are
+    rare; finding them again costs a second conversion, only for a batch that has them.
+    """
+    identifier = stream.table_identifier
+    wap_id = f"{stream.name}:{sequence}:{attempt}"
+    observation = Observation(f"batch-{sequence}")
+    frame = staged()
+    accepted = frame.observe(observation, *batch_figures(stream, table_schema)).where(F.col(REASON_COLUMN).isNull())
+    session = frame.sparkSession  # the batch's own: a copy for whole-file reading, or the caller's
+    # The staged snapshot is a metadata commit: on the Hadoop catalog only the table lock keeps it
+    # from racing another commit to the same metadata version.
+    with exclusive_lock(table_lock_file(lake.paths.locks, identifier)):
+        if lake.table(identifier).properties.get(WAP_ENABLED_PROPERTY) != "true":
+            spark.sql(f"ALTER TABLE {qualified_name(identifier)} SET TBLPROPERTIES ('{WAP_ENABLED_PROPERTY}' = 'true')")
+        session.conf.set(WAP_ID_SETTING, wap_id)
+        try:
+            accepted.select(*[F.col(f"`{name}`") for name in table_schema.fieldNames()]).writeTo(
+                qualified_name(identifier)
+            ).option("distribution-mode", "none").option("fanout-enabled", "true").append()
+        finally:
+            session.conf.unset(WAP_ID_SETTING)
+    figures = observation.get
+    events = attempt_dir / EVENTS_DIR
+    if figures["rejected"]:
+        staged().where(F.col(REASON_COLUMN).isNotNull()).write.parquet(str(events))
+    else:
+        events.mkdir(parents=True)
+    return figures, staged_snapshot_id(lake, identifier, wap_id)
+
+
 @dataclass(frozen=True)
 class StagingSchema:
     """What a batch is converted to: the table's columns (with Iceberg types, plus the columns the
@@ -157,8 +240,11 @@ def stage_batch(
     sequence: int,
     expected_files: list[str] | None = None,
     run_id: str | None = None,
+    into_table: bool = True,
 ) -> StagingOutcome:
-    """Stage batch ``sequence`` of ``stream``; harmless to repeat.
+    """Stage batch ``sequence`` of ``stream``; harmless to repeat. With ``into_table`` (and
+    ``writes_once``), the rows go into a staged snapshot of the table, taking the table's lock;
+    a caller that holds it (the committer staging a batch again) passes False.
 
     Raises LakehouseError when the batch was never minted, when ``expected_files`` differ from the
     minted files, or when a landing file has disappeared.
@@ -183,8 +269,14 @@ def stage_batch(
         return staged_events(convert_events(subset, table_schema, stream, keys), table_schema, keys)
 
     attempt, attempt_dir = ledger.new_attempt(sequence)
+    staged_snapshot = None
     try:
-        metrics = _write_observed(converted(lines), stream, table_schema, sequence, attempt_dir)
+        if into_table and writes_once(lake, stream, keys, added):
+            metrics, staged_snapshot = _write_once(
+                spark, lake, stream, lambda: converted(lines), table_schema, sequence, attempt, attempt_dir
+            )
+        else:
+            metrics = _write_observed(converted(lines), stream, table_schema, sequence, attempt_dir)
     except SPARK_ERRORS:
         # The safety net: find the events Spark fails on, dead-letter them, stage the rest.
         failing = isolate_failing_lines(
@@ -197,8 +289,9 @@ def stage_batch(
         quarantined = quarantined_events(lines, failing, table_schema)
         frame = converted(without_failing(lines, failing)).unionByName(quarantined)
         metrics = _write_observed(frame, stream, table_schema, sequence, attempt_dir)
+        staged_snapshot = None
     crash_point(faults.WRITER_AFTER_STAGING)
-    return record_attempt(ledger, record, attempt, metrics, run_id, added)
+    return record_attempt(ledger, record, attempt, metrics, run_id, added, staged_snapshot)
 
 
 def record_attempt(
@@ -208,9 +301,11 @@ def record_attempt(
     figures: dict,
     run_id: str | None,
     added: dict[str, str],
+    staged_snapshot: int | None = None,
 ) -> StagingOutcome:
-    """Record a written attempt (``figures`` from ``batch_figures``) as the batch's staged data
-    unless another attempt won first; the losing attempts' files are removed."""
+    """Record a written attempt (``figures`` from ``batch_figures``, its rows in the staged
+    Parquet or in ``staged_snapshot``) as the batch's staged data unless another attempt won
+    first; the losing attempts' files are removed (a losing staged snapshot's by expiry)."""
     staged = StagedBatch(
         sequence=record.sequence,
         attempt=attempt,
@@ -222,6 +317,7 @@ def record_attempt(
         staged_at=time.time(),
         run_id=run_id,
         new_columns=added,
+        staged_snapshot=staged_snapshot,
     )
     minted = record.minted
     if ledger.record_staged(staged):
