@@ -3,16 +3,20 @@ or a dead letter with a reason, and the pipeline goes on (issue: hostile input i
 
 import json
 from collections import Counter
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pyspark.sql import functions as F
 
 from lakehouse_assets.commit.committer import commit_table
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.engine.spark import lakehouse_session
+from lakehouse_assets.ingest import conversion
 from lakehouse_assets.ingest.landing import land_events, landing_dir
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
+from lakehouse_assets.ingest.staged_format import LINE_COLUMN
 from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_pipeline_until_idle, run_until_idle
@@ -251,6 +255,22 @@ def test_any_line_becomes_a_row_or_a_dead_letter_and_never_fails_the_job(hostile
     assert len(dead) == totals["rejected"], "every rejected line is one dead letter"
     # Conversion is total on its own: the safety net that isolates Spark failures is never needed.
     assert not [reason for _, _, reason, _ in dead if reason.startswith(SPARK_FAILURE)]
+    # The typed parse is a shortcut only: parsing every field as text gives the same rows and reasons.
+    landing_file = str(directory / name)
+    typed_first = _converted(spark, lake, landing_file, batch.sequence, "typed")
+    with mock.patch.object(conversion, "TYPED_PARSE_TYPES", ()):
+        assert _converted(spark, lake, landing_file, batch.sequence, "text") == typed_first
+
+
+def _converted(spark, lake, landing_file, sequence, label):
+    """The landing file's lines converted to the hostile table's schema: every column of every line
+    (row or rejected event with its reason) as JSON text, in line order."""
+    schema = conversion.with_iceberg_types(spark.table("lake.h.events").schema, lake.table("h.events").schema())
+    links = lake.paths.staging("hostile") / f"equivalence-{sequence}-{label}"
+    lines = conversion.read_landing_lines(spark, [landing_file], links)
+    converted = conversion.convert_events(lines, schema, lake.stream("hostile"), [])
+    rows = converted.select(LINE_COLUMN, F.to_json(F.struct("*")).alias("row")).collect()
+    return [row["row"] for row in sorted(rows, key=lambda row: row[LINE_COLUMN])]
 
 
 def _debezium(op: str, key: int, name: str | None, lsn: int) -> str:
