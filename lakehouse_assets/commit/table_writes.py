@@ -2,11 +2,12 @@
 
 Appends pass the keys as ``snapshot-property.*`` write options. Rows a writer already wrote into
 staged snapshots are published by Iceberg's ``AppendFiles`` (through py4j: PySpark has no API for
-it), which adds those same data files to a branch with the keys, writing no data. ``MERGE INTO`` is SQL, which has no
-such option, so the statement runs inside Iceberg's ``CommitMetadata.withCommitProperties``: a
-thread-local that Iceberg's Spark writer adds to the commit's summary. It is called through py4j
-with a Python ``Callable``; py4j runs the callback's own Spark calls on the calling JVM thread, so
-the thread-local is visible to the MERGE's commit.
+it), which adds those same data files to a branch with the keys and writes no data.
+
+``MERGE INTO`` is SQL, which has no such option, so the statement runs inside Iceberg's
+``CommitMetadata.withCommitProperties``: a thread-local that Iceberg's Spark writer adds to the
+commit's summary. It is called through py4j with a Python ``Callable``; py4j runs the callback's
+own Spark calls on the calling JVM thread, so the thread-local is visible to the MERGE's commit.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakehouse_assets.catalog.table_metadata import qualified_name
+from lakehouse_assets.commit.recovery import MAIN_BRANCH
 from lakehouse_assets.ingest.staged_format import DELETE, OPERATION_COLUMN
 
 
@@ -69,7 +71,7 @@ def append_staged_snapshots(
             append.appendFile(data_file)
     for key, value in properties.items():
         append.set(key, value)
-    if branch and branch != "main":
+    if branch and branch != MAIN_BRANCH:
         append.toBranch(branch)
     append.commit()
 
