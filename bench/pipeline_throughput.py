@@ -3,7 +3,8 @@
 Both run as cold processes, as a user runs them: a bare Spark JSON -> Iceberg append of the landed
 files, and ``lakehouse run --until-idle`` (landing sensor, writer run writing the batch once into a
 staged snapshot and publishing it with the ``lakehouse.*`` keys, DuckDB checks, every run recorded
-in Dagster). The ratio is what the pipeline adds. Also measures one more event through a cold ``lakehouse run --until-idle``.
+in Dagster). The ratio is what the pipeline adds. Also measures one more event through a cold
+``lakehouse run --until-idle``.
 
     python bench/pipeline_throughput.py [--events 1000000]
 """

@@ -289,7 +289,6 @@ def stage_batch(
         quarantined = quarantined_events(lines, failing, table_schema)
         frame = converted(without_failing(lines, failing)).unionByName(quarantined)
         metrics = _write_observed(frame, stream, table_schema, sequence, attempt_dir)
-        staged_snapshot = None
     crash_point(faults.WRITER_AFTER_STAGING)
     return record_attempt(ledger, record, attempt, metrics, run_id, added, staged_snapshot)
 
