@@ -350,9 +350,7 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
     staged_snapshots = [record.staged.staged_snapshot for record in batches]
     if all(staged_snapshots):
         # Rows written once by the writers: publish their files (``staging.writes_once``).
-        rows = sum(record.staged.rows for record in batches)
-        counts = ChangeCounts(inserted=rows, updated=0, deleted=0)
-        properties = summary_keys.commit_summary(stream.name, batches, rows, rows, committer.stamp)
+        counts, properties = _append_summary(committer, stream, batches)
         write = partial(append_staged_snapshots, spark, identifier, staged_snapshots, properties, committer.branch)
         return _publish(committer, stream, batches, write, "append", properties, counts, dead_letters, started)
     table_schema = spark.table(qualified_name(identifier, committer.branch)).schema
@@ -388,13 +386,21 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
             stream.order_column,
         )
     else:
-        rows = sum(record.staged.rows for record in batches)
-        counts = ChangeCounts(inserted=rows, updated=0, deleted=0)
-        properties = summary_keys.commit_summary(stream.name, batches, rows, rows, committer.stamp)
+        counts, properties = _append_summary(committer, stream, batches)
         write = partial(append_rows, staged.select(*columns), identifier, properties, committer.branch)
     late_events = _record_completeness(committer, stream, staged, properties)
     kind = "merge" if keys else "append"
     return _publish(committer, stream, batches, write, kind, properties, counts, dead_letters, started, late_events)
+
+
+def _append_summary(
+    committer: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]
+) -> tuple[ChangeCounts, dict[str, str]]:
+    """What appending ``batches`` inserts, and its commit's summary keys."""
+    rows = sum(record.staged.rows for record in batches)
+    return ChangeCounts(inserted=rows, updated=0, deleted=0), summary_keys.commit_summary(
+        stream.name, batches, rows, rows, committer.stamp
+    )
 
 
 def _publish(
