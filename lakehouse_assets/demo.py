@@ -8,6 +8,7 @@ import random
 from datetime import datetime, timedelta, timezone
 
 from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.engine.spark import start_jvm_in_background
 from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.status import lakehouse_status
@@ -42,6 +43,7 @@ def run_demo(events: int) -> int:
     stream = lake.config.streams[0]
     landed = land_events(lake.paths, stream, sample_orders(events), origin="demo")
     print(f"landed {events + 1} events in {landed[0].parent}")
+    start_jvm_in_background(lake.config)  # it starts while Dagster loads
     with dagster_instance(lake.paths) as instance:
         report = run_until_idle(build_definitions(lake.config), instance)
         status = lakehouse_status(lake, instance)

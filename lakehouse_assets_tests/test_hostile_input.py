@@ -47,6 +47,35 @@ def test_an_epoch_in_nanoseconds_does_not_stall_the_stream(lake, instance):
     assert rows == [(i, i == 101) for i in range(1, 111)]
 
 
+def test_instants_before_1900_are_rows_and_dead_letters_not_failed_jobs(
+    lakehouse_home, tmp_path, monkeypatch, instance
+):
+    # Spark's Parquet writer refuses dates before 1582 and timestamps before 1900 by default: a
+    # rejected event (staged as Parquet) or a change stream's row (all staged as Parquet) with one
+    # used to fail the writer run. Found by the property test below.
+    from lakehouse_assets_tests.test_changes import customers_stream
+
+    write_config(tmp_path, {"streams": [ORDERS_STREAM, customers_stream("2", "json")]}, monkeypatch)
+    lake = Lakehouse.from_env()
+    land_events(
+        lake.paths,
+        lake.stream("orders"),
+        [order_event(1, ts="0001-01-01T00:00:00Z"), json.dumps({"amount": 1.0, "ts": "1000-06-01T00:00:00Z"})],
+    )
+    land_events(lake.paths, lake.stream("customers"), [json.dumps({"op": "c", "id": 7, "ts": "1200-01-01T12:00:00Z"})])
+
+    report = run_pipeline_until_idle(instance, log=lambda _: None)
+
+    assert report.failed == []
+    assert [(i, str(ts)) for i, ts in _duckdb_rows(lake, "sales.orders", "order_id, ts")] == [
+        (1, "0001-01-01 00:00:00+00:00")
+    ]
+    assert [reason for _, _, reason, _ in _dead_letters(lake)] == ["missing required field 'order_id'"]
+    assert [(i, str(ts)) for i, ts in _duckdb_rows(lake, "crm.customers", "id, ts")] == [
+        (7, "1200-01-01 12:00:00+00:00")
+    ]
+
+
 def test_an_event_spark_fails_on_is_isolated_and_dead_lettered(tmp_path, monkeypatch, lakehouse_home, instance):
     # A condition that fails the Spark job on some rows (what any conversion bug would do).
     failing = "CASE WHEN amount = 13.0 THEN raise_error('amount 13 is cursed') ELSE true END"

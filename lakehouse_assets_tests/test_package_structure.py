@@ -121,3 +121,16 @@ def test_the_duckdb_checks_import_no_pyspark(tmp_path):
 
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip() == "[]"
+
+
+def test_the_lakehouse_command_imports_dagster_only_after_starting_spark(tmp_path):
+    # ``lakehouse run --until-idle`` starts its JVM before Dagster's import, to overlap them.
+    completed = _python(
+        "import sys\n"
+        "import lakehouse_assets.cli\n"
+        "print(sorted(m for m in sys.modules if m == 'lakehouse_assets.commands' or m.split('.')[0] == 'dagster'))\n",
+        tmp_path,
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "[]"

@@ -6,7 +6,9 @@ child session per lakehouse home (``newSession``), so one process can serve seve
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from importlib import resources
 
 from pyspark.sql import SparkSession
@@ -42,6 +44,9 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "4",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        # Staged Parquet keeps dates and timestamps as they are (proleptic Gregorian, as Iceberg
+        # and DuckDB read them): Spark's default refuses to write one before 1582 or 1900.
+        "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         # The writer stages only rows whose required columns are set, so Parquet's nullable
@@ -85,15 +90,35 @@ def _one_catalog_conf(name: str, lake: Lakehouse) -> dict[str, str]:
     return conf
 
 
-def lakehouse_session(lake: Lakehouse) -> SparkSession:
-    """A Spark session whose catalog ``lake`` is this lakehouse's; starts the JVM on first use."""
+def jvm_session(config: LakehouseConfig) -> SparkSession:
+    """The process's JVM-wide Spark session with ``static_spark_conf``; starts the JVM on first use.
+
+    Thread-safe: a second caller waits for the first one's JVM (PySpark's builder lock).
+    """
     ensure_java_home()
     builder = SparkSession.builder
-    for key, value in static_spark_conf(lake.config).items():
+    for key, value in static_spark_conf(config).items():
         builder = builder.config(key, value)
     root = builder.getOrCreate()
     root.sparkContext.setLogLevel("ERROR")
-    session = root.newSession()
+    return root
+
+
+def start_jvm_in_background(config: LakehouseConfig) -> None:
+    """Start this process's JVM (``jvm_session``) on a daemon thread and return at once, so it
+    starts while the caller loads Dagster; the first ``lakehouse_session`` waits for it. A start
+    that fails is left to that call, which starts the JVM again and raises the error."""
+
+    def start() -> None:
+        with contextlib.suppress(Exception):
+            jvm_session(config)
+
+    threading.Thread(target=start, name="lakehouse-jvm-start", daemon=True).start()
+
+
+def lakehouse_session(lake: Lakehouse) -> SparkSession:
+    """A Spark session whose catalog ``lake`` is this lakehouse's; starts the JVM on first use."""
+    session = jvm_session(lake.config).newSession()
     for key, value in catalog_conf(lake).items():
         session.conf.set(key, value)
     # Iceberg's JVM helpers (Spark3Util, CommitMetadata) resolve catalogs through the thread's

@@ -200,19 +200,18 @@ def _first_failure(rules: list[tuple[Column, Column]]) -> Column:
 
 
 def _missing_or_uncoercible(field: T.StructField, label: str) -> list[tuple[Column, Column]]:
-    raw = F.col(f"{_RAW}.`{field.name}`")
     return [
-        (raw.isNull(), F.lit(f"missing {label} '{field.name}'")),
+        (~_field_present(field), F.lit(f"missing {label} '{field.name}'")),
         (
             F.col(f"`{field.name}`").isNull(),
-            F.concat(F.lit(f"{label} '{field.name}': "), raw, F.lit(f" is not a {_type_name(field)}")),
+            F.concat(F.lit(f"{label} '{field.name}': "), _field_text(field), F.lit(f" is not a {_type_name(field)}")),
         ),
     ]
 
 
 def _rejection_reason(fields: list[T.StructField], stream: StreamSpec, identifier_columns: list[str]) -> Column:
     """The first rule an event breaks, or NULL when it converts."""
-    any_field = reduce(operator.or_, [F.col(f"{_RAW}.`{f.name}`").isNotNull() for f in fields], F.lit(False))
+    any_field = reduce(operator.or_, [_field_present(field) for field in fields], F.lit(False))
     is_delete = F.col(OPERATION_COLUMN) == F.lit(DELETE)
     rules: list[tuple[Column, Column]] = [
         (~any_field & F.json_object_keys(F.col(EVENT_COLUMN)).isNull(), F.lit("not a JSON object"))
@@ -386,14 +385,12 @@ def convert_events(
         F.struct(*shape.position).alias(POSITION_COLUMN),
     )
     parsed = _parsed_fields(parsed, row_fields)
-    typed = F.col(_TYPED)
-    parsed_typed = typed.isNotNull() & typed.getField(_CORRUPT).isNull()
 
     def value(field: T.StructField) -> Column:
-        coerced = _coerce(F.col(f"{_RAW}.`{field.name}`"), field.dataType, field.metadata.get(ICEBERG_TYPE))
         if _parsed_typed(field):
-            return F.when(parsed_typed, typed.getField(field.name)).otherwise(coerced)
-        return coerced
+            coerced = _coerce(F.col(_RAW).getField(field.name), field.dataType)
+            return F.when(_typed_parse_succeeded(), F.col(_TYPED).getField(field.name)).otherwise(coerced)
+        return _coerce(_field_text(field), field.dataType, field.metadata.get(ICEBERG_TYPE))
 
     position = shape.source_position if shape.source_position is not None else F.lit(None)
     kept_position = [position.cast(field.dataType) for field in table_schema if field.name == SOURCE_POSITION_COLUMN]
@@ -414,24 +411,41 @@ def convert_events(
 def _parsed_fields(events: DataFrame, fields: list[T.StructField]) -> DataFrame:
     """``events`` with each event's row (``_ROW``) parsed: ``_TYPED`` from Spark's typed parse
     (``TYPED_PARSE_TYPES`` typed, every other field as text, ``_CORRUPT`` set when it failed
-    anywhere), and ``_RAW``, every field's JSON text: from the typed parse when it succeeded (a
-    typed value as text, NULL where the field is missing or null), else from a parse as text."""
+    anywhere), and ``_RAW`` from a parse as text, only where the typed parse failed (NULL where
+    it succeeded). ``_field_text`` and ``_field_present`` read a field from either."""
     typed_schema = T.StructType(
         [T.StructField(field.name, field.dataType if _parsed_typed(field) else T.StringType()) for field in fields]
         + [T.StructField(_CORRUPT, T.StringType())]
     )
     text_schema = T.StructType([T.StructField(field.name, T.StringType()) for field in fields])
-    typed = F.col(_TYPED)
-    from_typed = F.struct(*[typed.getField(field.name).cast("string").alias(field.name) for field in fields])
-    parsed_typed = typed.isNotNull() & typed.getField(_CORRUPT).isNull()
     # Spark evaluates the text parse only for the events whose typed parse failed.
-    raw = F.when(parsed_typed, from_typed).otherwise(F.from_json(F.col(_ROW), text_schema))
+    raw = F.when(~_typed_parse_succeeded(), F.from_json(F.col(_ROW), text_schema))
     options = {"columnNameOfCorruptRecord": _CORRUPT}
     return events.withColumn(_TYPED, F.from_json(F.col(_ROW), typed_schema, options)).withColumn(_RAW, raw)
 
 
 def _parsed_typed(field: T.StructField) -> bool:
     return isinstance(field.dataType, TYPED_PARSE_TYPES) and not field.metadata.get(ICEBERG_TYPE)
+
+
+def _typed_parse_succeeded() -> Column:
+    """True for an event whose typed parse succeeded (its ``_RAW`` is NULL)."""
+    return F.col(_TYPED).isNotNull() & F.col(_TYPED).getField(_CORRUPT).isNull()
+
+
+def _field_text(field: T.StructField) -> Column:
+    """A field's JSON text, NULL where it is missing or null: the typed parse's value (as text)
+    when that parse succeeded, else the text parse's."""
+    typed_value = F.col(_TYPED).getField(field.name)
+    from_typed = typed_value.cast("string") if _parsed_typed(field) else typed_value
+    return F.when(_typed_parse_succeeded(), from_typed).otherwise(F.col(_RAW).getField(field.name))
+
+
+def _field_present(field: T.StructField) -> Column:
+    """True where the event has the field with a value other than null. Cheaper than testing
+    ``_field_text``: no typed value is turned back into text."""
+    in_typed = F.col(_TYPED).getField(field.name).isNotNull()
+    return F.when(_typed_parse_succeeded(), in_typed).otherwise(F.col(_RAW).getField(field.name).isNotNull())
 
 
 def staged_events(converted: DataFrame, table_schema: T.StructType, identifier_columns: list[str]) -> DataFrame:

@@ -89,6 +89,19 @@ def pending_files(
     return [landed for landed in list_landing_files(landing_dir(paths, stream)) if landed.name not in claimed]
 
 
+def work_may_be_waiting(lake: Lakehouse) -> bool:
+    """A cheap guess, from the landing zones and ledgers alone (no table is read), that a run will
+    need Spark: some stream has a landed file no batch claims, or a batch not committed yet."""
+    for stream in lake.config.streams:
+        records = lake.ledger(stream.name).batches()
+        if any(record.committed is None for record in records):
+            return True
+        claimed = {name for record in records for name in record.minted.files}
+        if any(landed.name not in claimed for landed in list_landing_files(landing_dir(lake.paths, stream))):
+            return True
+    return False
+
+
 def mint_next_batch(
     lake: Lakehouse,
     stream: StreamSpec,
