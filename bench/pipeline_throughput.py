@@ -4,9 +4,10 @@ Both run as cold processes, as a user runs them: a bare Spark JSON -> Iceberg ap
 files, and ``lakehouse run --until-idle`` (landing sensor, writer run writing the batch once into a
 staged snapshot and publishing it with the ``lakehouse.*`` keys, DuckDB checks, every run recorded
 in Dagster). The ratio is what the pipeline adds. Also measures one more event through a cold
-``lakehouse run --until-idle``.
+``lakehouse run --until-idle``. Run-to-run noise on a small machine is large (the bare append alone
+varies by a fifth), so it repeats the rounds, each in a fresh home, and prints the median ratio.
 
-    python bench/pipeline_throughput.py [--events 1000000]
+    python bench/pipeline_throughput.py [--events 1000000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import json
 import os
 import platform
 import random
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -92,10 +96,30 @@ def _timed(command: list[str]) -> float:
     return seconds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=1_000_000)
-    args = parser.parse_args()
+@dataclass
+class Round:
+    """One round's cold processes, in seconds, and where the pipeline's writer run spent its time."""
+
+    bare: float
+    pipeline: float
+    one_more_event: float
+    runs: dict[str, float]
+    staging: float
+
+    @property
+    def ratio(self) -> float:
+        return self.bare / self.pipeline
+
+
+def _round(events: list[str]) -> tuple[Round, list[str]]:
+    """Land ``events`` in a fresh home, time the bare append and the pipeline over the same files
+    (each a cold process), then one more event; DuckDB checks that every event is in the table once."""
+    import dagster as dg
+
+    from lakehouse_assets.ingest.landing import land_events, landing_dir, list_landing_files
+    from lakehouse_assets.lakehouse import Lakehouse
+    from lakehouse_assets.quality.duck import iceberg_connection, scan
+
     workdir = Path(tempfile.mkdtemp(prefix="lakehouse-bench-"))
     os.environ["LAKEHOUSE_HOME"] = str(workdir / "home")
     os.environ["DAGSTER_HOME"] = str(workdir / "dagster")
@@ -104,58 +128,69 @@ def main() -> None:
     config_file.write_text(yaml.safe_dump({"streams": [STREAM]}))
     os.environ["LAKEHOUSE_CONFIG"] = str(config_file)
 
-    import dagster as dg
-    import pyspark
-
-    from lakehouse_assets.ingest.landing import land_events, landing_dir, list_landing_files
-    from lakehouse_assets.lakehouse import Lakehouse
-    from lakehouse_assets.quality.duck import iceberg_connection, scan
-
     lake = Lakehouse.from_env()
     stream = lake.stream("bench_orders")
-    land_events(lake.paths, stream, _events(args.events), origin="bench")
+    land_events(lake.paths, stream, events, origin="bench")
     files = [str(landing_dir(lake.paths, stream) / f.name) for f in list_landing_files(landing_dir(lake.paths, stream))]
-    megabytes = sum(os.path.getsize(f) for f in files) / 1e6
 
     # Both sides are cold processes: each starts Python and a Spark JVM, reads the same files and
     # writes one Iceberg table.
     lakehouse = [sys.executable, "-m", "lakehouse_assets.cli", "run", "--until-idle"]
-    baseline_seconds = _timed([sys.executable, "-c", BARE_APPEND, *files])
+    bare_seconds = _timed([sys.executable, "-c", BARE_APPEND, *files])
     pipeline_seconds = _timed(lakehouse)
 
     with dg.DagsterInstance.get() as instance:
-        run_seconds = {
-            record.dagster_run.job_name: record.end_time - record.start_time for record in instance.get_run_records()
-        }
+        records = instance.get_run_records()
+        runs = {record.dagster_run.job_name: record.end_time - record.start_time for record in records}
         stage = instance.get_latest_materialization_event(dg.AssetKey(["staging", "bench_orders"]))
-        stage_metadata = {key: entry.value for key, entry in stage.asset_materialization.metadata.items()}
+        staging = stage.asset_materialization.metadata["stage_seconds"].value
 
     land_events(lake.paths, stream, _events(1, seed=99)[:1])
-    freshness_seconds = _timed(lakehouse)
+    one_more_seconds = _timed(lakehouse)
 
     table = lake.table("bench.orders")
     location = lake.metadata_location("bench.orders")
     rows = iceberg_connection().sql(f"SELECT count(*) FROM {scan(location, table.current_snapshot().snapshot_id)}")
-    assert rows.fetchone()[0] == args.events + 1
+    assert rows.fetchone()[0] == len(events) + 1
+    shutil.rmtree(workdir)
+    return Round(bare_seconds, pipeline_seconds, one_more_seconds, runs, staging), files
 
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of bare append, pipeline, one more event")
+    args = parser.parse_args()
+
+    import dagster as dg
+    import pyspark
+
+    events = _events(args.events)
+    megabytes = sum(len(event) + 1 for event in events) / 1e6
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"Spark {pyspark.__version__} local[2], Dagster {dg.__version__}"
     )
-    print(f"events: {args.events} ({megabytes:.0f} MB NDJSON in {len(files)} files)")
+    rounds = []
+    for number in range(1, args.rounds + 1):
+        result, files = _round(events)
+        rounds.append(result)
+        if number == 1:
+            print(f"events: {args.events} ({megabytes:.0f} MB NDJSON in {len(files)} files)")
+        print(
+            f"round {number}: bare Spark JSON -> Iceberg append {result.bare:.1f} s, "
+            f"`lakehouse run --until-idle` {result.pipeline:.1f} s (writer run "
+            + ", ".join(f"{seconds:.1f} s" for _, seconds in sorted(result.runs.items()))
+            + f", of which staging with the Spark session's start {result.staging} s), "
+            f"ratio bare/pipeline {result.ratio:.2f}; one more event {result.one_more_event:.1f} s"
+        )
+    ratios = [result.ratio for result in rounds]
     print(
-        f"bare Spark JSON -> Iceberg append, cold process: {baseline_seconds:.1f} s, "
-        f"{args.events / baseline_seconds:,.0f} rows/s"
+        f"ratio bare/pipeline: median {statistics.median(ratios):.2f} of {len(ratios)} rounds "
+        f"(min {min(ratios):.2f}, max {max(ratios):.2f}); bare {statistics.median(r.bare for r in rounds):.1f} s, "
+        f"pipeline {statistics.median(r.pipeline for r in rounds):.1f} s, one more event "
+        f"{statistics.median(r.one_more_event for r in rounds):.1f} s (medians)"
     )
-    print(
-        f"`lakehouse run --until-idle`, cold process (sensor, writer run staging and committing, DuckDB checks): "
-        f"{pipeline_seconds:.1f} s, {args.events / pipeline_seconds:,.0f} rows/s"
-    )
-    print(f"ratio bare/pipeline: {baseline_seconds / pipeline_seconds:.2f}")
-    for job_name, seconds in sorted(run_seconds.items()):
-        print(f"  run {job_name}: {seconds:.1f} s")
-    print(f"  of which staging (Spark session start included): {stage_metadata.get('stage_seconds')} s")
-    print(f"one more event, cold `lakehouse run --until-idle` to committed and checked: {freshness_seconds:.1f} s")
 
 
 if __name__ == "__main__":

@@ -357,7 +357,10 @@ def read_landing_lines(
         numbered = raw.join(F.broadcast(offsets), [_POSITION, _SPLIT]).withColumn(
             _LINE, F.col(_LINES_BEFORE) + F.col(_ROW_ID) - F.col(_SPLIT_FIRST_ROW) + 1
         )
-    blank = F.expr(f"btrim({EVENT_COLUMN}, ' \\t\\r')") == F.lit("")
+    # Only spaces, tabs and a carriage return. A line that starts with "{" (nearly every event) is
+    # not blank: ``btrim``, which copies the line, runs for the others only.
+    event = F.col(EVENT_COLUMN)
+    blank = ~event.startswith("{") & (F.expr(f"btrim({EVENT_COLUMN}, ' \\t\\r')") == F.lit(""))
     columns = [F.col(EVENT_COLUMN), F.col(SOURCE_FILE_COLUMN), F.col(_LINE).alias(LINE_COLUMN)]
     if batch_of_file is not None:
         columns.append(F.element_at(F.array(*map(F.lit, batch_of_file)), F.col(_POSITION)).alias(BATCH_COLUMN))
