@@ -111,26 +111,23 @@ def test_importing_the_code_location_reads_no_file(tmp_path):
     assert completed.stdout.strip() == "[]"
 
 
-def test_the_duckdb_checks_import_no_pyspark(tmp_path):
+def _modules_loaded_by(module: str, prefixes: tuple[str, ...], tmp_path: Path) -> list[str]:
+    """The modules named by ``prefixes`` (a package and its submodules) that importing ``module``
+    loads, in a fresh interpreter."""
     completed = _python(
-        "import sys\n"
-        "import lakehouse_assets.quality.checks\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('pyspark', 'py4j'))))\n",
+        f"import sys\nimport {module}\n"
+        f"print([m for m in sorted(sys.modules) if any(m == p or m.startswith(p + '.') for p in {prefixes!r})])\n",
         tmp_path,
     )
-
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.strip() == "[]"
+    return ast.literal_eval(completed.stdout.strip())
+
+
+def test_the_duckdb_checks_import_no_pyspark(tmp_path):
+    assert _modules_loaded_by("lakehouse_assets.quality.checks", ("pyspark", "py4j"), tmp_path) == []
 
 
 def test_the_lakehouse_command_imports_dagster_only_after_starting_spark(tmp_path):
     # ``lakehouse run --until-idle`` starts its JVM before Dagster's import, to overlap them.
-    completed = _python(
-        "import sys\n"
-        "import lakehouse_assets.cli\n"
-        "print(sorted(m for m in sys.modules if m == 'lakehouse_assets.commands' or m.split('.')[0] == 'dagster'))\n",
-        tmp_path,
-    )
-
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.strip() == "[]"
+    loaded = _modules_loaded_by("lakehouse_assets.cli", ("dagster", "lakehouse_assets.commands"), tmp_path)
+    assert loaded == []
