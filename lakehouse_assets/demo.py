@@ -43,7 +43,7 @@ def run_demo(events: int) -> int:
     stream = lake.config.streams[0]
     landed = land_events(lake.paths, stream, sample_orders(events), origin="demo")
     print(f"landed {events + 1} events in {landed[0].parent}")
-    start_jvm_in_background(lake.config)  # it starts while Dagster loads
+    start_jvm_in_background(lake.config)  # it starts while Dagster loads its instance and definitions
     with dagster_instance(lake.paths) as instance:
         report = run_until_idle(build_definitions(lake.config), instance)
         status = lakehouse_status(lake, instance)
