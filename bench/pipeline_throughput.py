@@ -113,7 +113,7 @@ class Round:
 
 def _round(events: list[str]) -> tuple[Round, list[str]]:
     """Land ``events`` in a fresh home, time the bare append and the pipeline over the same files
-    (each a cold process), then one more event; DuckDB checks that every event is in the table once."""
+    (each a cold process), then one more event; DuckDB counts the table's rows against the events."""
     import dagster as dg
 
     from lakehouse_assets.ingest.landing import land_events, landing_dir, list_landing_files

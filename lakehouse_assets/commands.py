@@ -1,4 +1,4 @@
-"""What each ``lakehouse`` command does (``cli`` parses the arguments): one function per command, taking them."""
+"""What each ``lakehouse`` command does: one function per command, given the arguments ``cli`` parsed."""
 
 from __future__ import annotations
 
