@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,12 @@ from lakehouse_assets.config import LakehouseConfig, load_config
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets_tests.postgres_server import PostgresServer, postgres_server
+
+# Tests start hundreds of short-lived JVMs (a pipeline process each) for small jobs: with the JIT's
+# first tier only, and the serial collector, they start faster and leave the two cores to the work
+# instead of the optimizing compiler. Set for the whole session, so every JVM a test starts, in
+# this process or in a child, runs with them; a developer's own setting wins.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 ORDERS_STREAM = {
     "name": "orders",

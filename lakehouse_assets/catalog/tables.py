@@ -20,6 +20,10 @@ from lakehouse_assets.lakehouse import Lakehouse
 # that a competing committer already published. Our committer retries itself after re-reading the
 # ancestry, so Iceberg's own retry is turned off on every table we create.
 MANAGED_TABLE_PROPERTIES = {"commit.retry.num-retries": "0"}
+# Allows a write to stage a snapshot that no branch references (Iceberg's write-audit-publish),
+# which a plain append batch does (ingest/staging.py); a write without ``spark.wap.id`` commits as
+# usual.
+WAP_ENABLED_PROPERTY = "write.wap.enabled"
 # Row-level changes write position deletes (format v2) or deletion vectors (v3) instead of
 # rewriting data files.
 MERGE_ON_READ_PROPERTIES = {
@@ -56,7 +60,15 @@ def create_table(spark: SparkSession, stream: StreamSpec, columns: list[ColumnSp
     )
     properties = jvm.java.util.HashMap()
     change_properties = MERGE_ON_READ_PROPERTIES if stream.applies_changes else {}
-    for key, value in {**change_properties, **stream.table_properties, **MANAGED_TABLE_PROPERTIES}.items():
+    # An append stream's table allows staged snapshots from the start: its first batch is then
+    # spared a metadata commit of its own to allow them.
+    staged_snapshots = {} if stream.applies_changes else {WAP_ENABLED_PROPERTY: "true"}
+    for key, value in {
+        **change_properties,
+        **staged_snapshots,
+        **stream.table_properties,
+        **MANAGED_TABLE_PROPERTIES,
+    }.items():
         properties.put(key, value)
     catalog = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergCatalog(spark._jsparkSession, CATALOG_NAME)
     identifier = jvm.org.apache.iceberg.catalog.TableIdentifier.parse(stream.table_identifier)

@@ -87,6 +87,8 @@ BATCH_COLUMN = "_lakehouse_batch"
 # Java regular expressions for ``rlike``: ``\z`` is the very end (``$`` also matches before a final
 # line break).
 INTEGER_TEXT = r"^\s*-?\d+\s*\z"
+# How a JSON parse as text writes the non-numeric numbers Spark's parser accepts (Java's names).
+NON_NUMERIC_NUMBERS = ("NaN", "Infinity", "-Infinity")
 # What Spark's timestamps and dates hold and Iceberg, Parquet and DuckDB read back: 0001-01-01 to
 # 9999-12-31 (UTC). An epoch number outside it (seconds, microseconds or nanoseconds taken for
 # milliseconds) cannot be coerced instead of overflowing the conversion.
@@ -173,6 +175,12 @@ def _coerce(raw: Column, data_type: T.DataType, iceberg_type: str | None = None)
         return F.when(lowered.isin("true", "false"), lowered == F.lit("true"))
     if isinstance(data_type, T.StringType):
         return raw
+    if isinstance(data_type, (T.FloatType, T.DoubleType)):
+        # Spark's parser takes the bare tokens NaN, Infinity and -Infinity as numbers, as its typed
+        # parse keeps them; parsed as text they come back quoted (Jackson writes a non-numeric
+        # number as a string), so they lose their quotes before the cast.
+        non_numeric = trimmed.isin(*[f'"{token}"' for token in NON_NUMERIC_NUMBERS])
+        return F.when(non_numeric, F.translate(trimmed, '"', "")).otherwise(trimmed).cast(data_type)
     if isinstance(data_type, (T.TimestampType, T.TimestampNTZType)):
         millis = trimmed.cast("long")
         in_range = millis.between(MIN_EPOCH_MILLIS, MAX_EPOCH_MILLIS)

@@ -18,15 +18,11 @@ from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import PIPELINE, land_round
 
-# Short-lived pipeline processes start faster with the JIT's first tier only.
-FAST_START_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-
 
 def _use_home(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LAKEHOUSE_HOME", str(work / "lakehouse"))
     monkeypatch.setenv("DAGSTER_HOME", str(work / "dagster"))
     monkeypatch.setenv("LAKEHOUSE_CONFIG", str(work / "lakehouse.yaml"))
-    monkeypatch.setenv("JAVA_TOOL_OPTIONS", FAST_START_JAVA_OPTIONS)
 
 
 def committed_first_round(base: Path, pipeline: dict) -> Path:
