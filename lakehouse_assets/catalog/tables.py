@@ -60,13 +60,13 @@ def create_table(spark: SparkSession, stream: StreamSpec, columns: list[ColumnSp
     )
     properties = jvm.java.util.HashMap()
     change_properties = MERGE_ON_READ_PROPERTIES if stream.applies_changes else {}
-    # An append stream's table allows staged snapshots from the start: its first batch is then
-    # spared a metadata commit of its own to allow them.
+    # An append stream's table allows staged snapshots from the start (the writer would set it
+    # anyway): its first batch is then spared a metadata commit of its own to allow them.
     staged_snapshots = {} if stream.applies_changes else {WAP_ENABLED_PROPERTY: "true"}
     for key, value in {
         **change_properties,
-        **staged_snapshots,
         **stream.table_properties,
+        **staged_snapshots,
         **MANAGED_TABLE_PROPERTIES,
     }.items():
         properties.put(key, value)
