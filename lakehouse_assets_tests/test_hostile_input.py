@@ -48,18 +48,21 @@ def test_an_epoch_in_nanoseconds_does_not_stall_the_stream(lake, instance):
 
 
 def test_nan_and_infinity_are_doubles_whichever_parse_reads_the_event(lake, instance):
-    # Order 2's id is text, so its event is parsed as text, where the bare tokens come back quoted.
+    # Orders 2, 4 and 6 have their id as text, so their events are parsed as text, where the bare
+    # tokens come back quoted; orders 5 and 6 send the values as strings.
     events = [
         '{"order_id": 1, "amount": Infinity}',
         '{"order_id": "2", "amount": Infinity}',
         '{"order_id": 3, "amount": NaN}',
         '{"order_id": "4", "amount": -Infinity}',
+        '{"order_id": 5, "amount": "-Infinity"}',
+        '{"order_id": "6", "amount": "NaN"}',
     ]
     land_events(lake.paths, lake.stream("orders"), events)
 
     assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
     rows = _duckdb_rows(lake, "sales.orders", "order_id, CAST(amount AS VARCHAR)")
-    assert rows == [(1, "inf"), (2, "inf"), (3, "nan"), (4, "-inf")]
+    assert rows == [(1, "inf"), (2, "inf"), (3, "nan"), (4, "-inf"), (5, "-inf"), (6, "nan")]
 
 
 def test_instants_before_1900_are_rows_and_dead_letters_not_failed_jobs(
