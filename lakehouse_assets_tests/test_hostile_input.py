@@ -16,11 +16,13 @@ from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest import conversion
 from lakehouse_assets.ingest.landing import land_events, landing_dir
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
-from lakehouse_assets.ingest.staged_format import LINE_COLUMN
+from lakehouse_assets.ingest.parsed_lines import read_parsed_events
+from lakehouse_assets.ingest.staged_format import LINE_COLUMN, REASON_COLUMN
 from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_pipeline_until_idle, run_until_idle
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
+from lakehouse_assets_tests.test_parsed_lines import line_read_alike
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
 pytestmark = pytest.mark.spark
@@ -157,6 +159,33 @@ def test_a_routed_name_with_a_line_break_is_a_dead_letter_and_the_rest_is_routed
     assert all("table_identifier ${/db}.${/t}" in reason for _, _, reason, _ in dead)
 
 
+def test_invalid_utf8_is_replaced_wherever_a_line_is_written(lakehouse_home, tmp_path, monkeypatch):
+    # A line keeps its bytes as landed through the conversion; what writes its text (a route file,
+    # a dead letter) writes valid UTF-8, U+FFFD for an invalid byte, as every JSON parse reads it.
+    router = {"name": "app", "table_identifier": "${/db}.${/t}", "auto_create": True, "commit_interval": "0s"}
+    write_config(tmp_path, {"streams": [ORDERS_STREAM, router]}, monkeypatch)
+    lake = Lakehouse.from_env()
+    landed = {
+        "orders": [order_event(1).encode(), b'{"amount": 1.5, "note": "caf\xe9"}'],
+        "app": [b'{"db": "shop", "t": "notes", "n": 1, "text": "caf\xe9"}', b'{"db": "shop", "t": "\xff\xfe"}'],
+    }
+    for stream, lines in landed.items():
+        directory = landing_dir(lake.paths, lake.stream(stream))
+        directory.mkdir(parents=True)
+        (directory / "bytes.ndjson").write_bytes(b"\n".join(lines) + b"\n")
+
+    from lakehouse_assets.runner import dagster_instance
+
+    with dagster_instance(lake.paths) as instance:
+        assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
+    lake = Lakehouse.from_env()
+    assert [(i,) for i, *_ in _duckdb_rows(lake, "sales.orders", "order_id")] == [(1,)]
+    assert [event for *_, event in _dead_letters(lake)] == ['{"amount": 1.5, "note": "caf\ufffd"}']
+    assert _duckdb_rows(lake, "shop.notes", "n, text") == [(1, "caf\ufffd")]
+    [(_, line, reason, event)] = _dead_letters(lake, "lakehouse.app_dead_letters")
+    assert (line, event) == (2, '{"db": "shop", "t": "\ufffd\ufffd"}') and "is not namespace.table" in reason
+
+
 # Hostile values for every declared type: JSON texts, numbers out of every range, epochs in
 # s/ms/us/ns, NaN and Infinity literals, wrong shapes, deep nesting and long strings.
 SPECIAL_VALUES = [
@@ -245,14 +274,21 @@ HOSTILE_STREAM = {
 }
 
 
+# Wrappings of an event Spark's JSON file reader reads as the typed parse does, and the others
+# (a batch with one of them is read from its text).
+READ_ALIKE = ["plain"] * 6 + ["bom", "crlf", "nul", "utf8", "truncated"]
+READ_OTHERWISE = ["scalar", "array", "utf16"]
+
+
 @st.composite
-def hostile_line(draw, event_id: int) -> bytes:
+def hostile_line(draw, event_id: int, wrappings: list[str]) -> bytes:
     """One landing line: an event with an id and hostile values (keys repeated, some missing),
-    maybe wrapped in hostile bytes (BOM, CRLF, NUL, invalid UTF-8, not JSON at all)."""
+    maybe wrapped in hostile bytes (BOM, CRLF, NUL, invalid UTF-8, not JSON at all, a root array
+    of it, UTF-16)."""
     members = [("id", str(event_id))] if draw(st.integers(0, 9)) else []
     members += draw(st.lists(st.tuples(st.sampled_from(sorted(COLUMNS)), VALUE), max_size=6))
     text = ("{" + ", ".join(f'"{name}": {value}' for name, value in members) + "}").encode()
-    wrapping = draw(st.sampled_from(["plain"] * 6 + ["bom", "crlf", "nul", "utf8", "truncated", "scalar"]))
+    wrapping = draw(st.sampled_from(wrappings))
     return {
         "plain": text,
         "bom": "\ufeff".encode() + text,
@@ -261,6 +297,8 @@ def hostile_line(draw, event_id: int) -> bytes:
         "utf8": text[:-1] + b', "s": "\xff\xfe\xc3("}',
         "truncated": text[: len(text) // 2],
         "scalar": b"42",
+        "array": b"[" + text + b", " + text + b"]",
+        "utf16": text.decode().encode("utf-16-le"),
     }[wrapping]
 
 
@@ -281,7 +319,8 @@ def hostile_home(tmp_path_factory):
 def test_any_line_becomes_a_row_or_a_dead_letter_and_never_fails_the_job(hostile_home, data, final_newline):
     lake, spark, totals = hostile_home
     first_id = sum(totals.values()) + 1
-    lines = [data.draw(hostile_line(first_id + n)) for n in range(data.draw(st.integers(1, 12)))]
+    wrappings = READ_ALIKE + (READ_OTHERWISE if data.draw(st.booleans()) else [])
+    lines = [data.draw(hostile_line(first_id + n, wrappings)) for n in range(data.draw(st.integers(1, 12)))]
     directory = landing_dir(lake.paths, lake.stream("hostile"))
     directory.mkdir(parents=True, exist_ok=True)
     name = f"{first_id:08d}.ndjson"
@@ -307,6 +346,11 @@ def test_any_line_becomes_a_row_or_a_dead_letter_and_never_fails_the_job(hostile
     typed_first = _converted(spark, lake, landing_file, batch.sequence, "typed")
     with mock.patch.object(conversion, "TYPED_PARSE_TYPES", ()):
         assert _converted(spark, lake, landing_file, batch.sequence, "text") == typed_first
+    # So is reading the lines with Spark's JSON file reader, where it reads them alike.
+    from_text, from_files = _converted_from_files(spark, lake, landing_file, batch.sequence)
+    assert (from_files is not None) == all(map(line_read_alike, lines))
+    assert from_files in (None, from_text)
+    assert from_text[1] == staged.rejected
 
 
 def _converted(spark, lake, landing_file, sequence, label):
@@ -318,6 +362,27 @@ def _converted(spark, lake, landing_file, sequence, label):
     converted = conversion.convert_events(lines, schema, lake.stream("hostile"), [])
     rows = converted.select(LINE_COLUMN, F.to_json(F.struct("*")).alias("row")).collect()
     return [row["row"] for row in sorted(rows, key=lambda row: row[LINE_COLUMN])]
+
+
+def _converted_from_files(spark, lake, landing_file, sequence):
+    """The landing file's lines converted twice, as ``_accepted``: from the text of each line, and
+    from Spark's JSON file reader (None when it would read a line differently)."""
+    schema = conversion.with_iceberg_types(spark.table("lake.h.events").schema, lake.table("h.events").schema())
+    stream = lake.stream("hostile")
+    links = lake.paths.staging("hostile") / f"equivalence-{sequence}-files"
+    lines = conversion.read_landing_lines(spark, [landing_file], links)
+    from_text = _accepted(conversion.convert_events(lines, schema, stream, []), schema)
+    events = read_parsed_events(spark, [landing_file], links, conversion.row_fields(schema))
+    from_files = None if events is None else _accepted(conversion.convert_parsed_events(events, schema, stream), schema)
+    return from_text, from_files
+
+
+def _accepted(converted, schema):
+    """The accepted rows (each as JSON text), sorted, and the number of rejected events."""
+    columns = [F.col(f"`{name}`") for name in schema.fieldNames()]
+    rows = converted.select(F.to_json(F.struct(*columns)).alias("row"), REASON_COLUMN).collect()
+    rejected = sum(1 for row in rows if row[REASON_COLUMN] is not None)
+    return sorted(row["row"] for row in rows if row[REASON_COLUMN] is None), rejected
 
 
 def _debezium(op: str, key: int, name: str | None, lsn: int) -> str:

@@ -47,7 +47,7 @@ from pyspark.sql import types as T
 
 from lakehouse_assets.config import SOURCE_POSITION_COLUMN, StreamSpec
 from lakehouse_assets.errors import LakehouseError
-from lakehouse_assets.ingest.change_events import collapse_changes, event_shape
+from lakehouse_assets.ingest.change_events import EventShape, collapse_changes, event_shape
 from lakehouse_assets.ingest.staged_format import (
     DELETE,
     EVENT_COLUMN,
@@ -64,7 +64,9 @@ _ROW = "_lakehouse_row"
 _RAW_OPERATION = "_lakehouse_raw_operation"
 _RAW = "_lakehouse_raw"
 _TYPED = "_lakehouse_typed"
-_CORRUPT = "_lakehouse_corrupt"
+CORRUPT_COLUMN = "_lakehouse_corrupt"
+"""Set in the typed parse of an event that failed anywhere (Spark's ``columnNameOfCorruptRecord``)."""
+PARSE_OPTIONS = {"columnNameOfCorruptRecord": CORRUPT_COLUMN}
 # Types whose value from Spark's typed JSON parse, when it succeeds, is what ``_coerce`` makes of
 # the value's text (a JSON number or boolean of the type; anything else fails the typed parse).
 # Not float or decimal: their typed parse rounds differently from a cast of the text.
@@ -185,7 +187,10 @@ def _coerce(raw: Column, data_type: T.DataType, iceberg_type: str | None = None)
         millis = trimmed.cast("long")
         in_range = millis.between(MIN_EPOCH_MILLIS, MAX_EPOCH_MILLIS)
         from_millis = F.when(in_range, F.timestamp_millis(millis)).cast(data_type)
-        return F.when(raw.rlike(INTEGER_TEXT), from_millis).otherwise(trimmed.cast(data_type))
+        # Integer text always casts to a long, but for more digits than a long holds (no timestamp
+        # either): the cheap cast spares an ISO 8601 string the regular expression.
+        integer = millis.isNotNull() & raw.rlike(INTEGER_TEXT)
+        return F.when(integer, from_millis).otherwise(trimmed.cast(data_type))
     if isinstance(data_type, T.DateType):
         days = trimmed.cast("int")
         in_range = days.between(MIN_EPOCH_DAYS, MAX_EPOCH_DAYS)
@@ -222,7 +227,10 @@ def _rejection_reason(fields: list[T.StructField], stream: StreamSpec, identifie
     any_field = reduce(operator.or_, [_field_present(field) for field in fields], F.lit(False))
     is_delete = F.col(OPERATION_COLUMN) == F.lit(DELETE)
     rules: list[tuple[Column, Column]] = [
-        (~any_field & F.json_object_keys(F.col(EVENT_COLUMN)).isNull(), F.lit("not a JSON object"))
+        (
+            ~any_field & ~_typed_parse_succeeded() & F.json_object_keys(F.col(EVENT_COLUMN)).isNull(),
+            F.lit("not a JSON object"),
+        )
     ]
     if stream.applies_changes:
         rules.append(
@@ -262,7 +270,7 @@ def literal_path(path: str) -> str:
     return "".join(f"\\{character}" if character in GLOB_CHARACTERS else character for character in path)
 
 
-def _linked(files: list[str], links: Path) -> list[str]:
+def link_files(files: list[str], links: Path) -> list[str]:
     """Symbolic links in ``links`` to ``files``, named by their position: Spark reads the links, so
     no character of a landing file's name (a glob, a ``:``, a line break) means anything to Hadoop."""
     links.mkdir(parents=True, exist_ok=True)
@@ -303,11 +311,19 @@ def _whole_file_reader(spark: SparkSession, sizes: list[int]) -> SparkSession | 
     return reader
 
 
+def valid_text(text: Column) -> Column:
+    """``text`` (a line as landed) as valid UTF-8, for writing it: Spark keeps a line's bytes as
+    they are, and Parquet readers refuse invalid strings. Through a Java string, invalid UTF-8
+    becomes U+FFFD, as it does in every JSON parse of the line (so a converted value is valid)."""
+    return F.decode(F.encode(text, "UTF-8"), "UTF-8")
+
+
 def read_landing_lines(
     spark: SparkSession, files: list[str], links: Path, batch_of_file: list[int] | None = None
 ) -> DataFrame:
     """One row per line of the files that is not blank (spaces, tabs, a carriage return): its text
-    (without a byte order mark), file name and 1-based line number. Names are data: Spark reads the
+    (without a byte order mark; its bytes as landed, so :func:`valid_text` before it is written),
+    file name and 1-based line number. Names are data: Spark reads the
     files through links in ``links`` named by position, and each line keeps its file's own name.
 
     Spark's text reader streams each split of a file in order but gives no line numbers. A
@@ -325,9 +341,7 @@ def read_landing_lines(
     """
     names = F.array(*[F.lit(Path(file).name) for file in files])
     position = F.substring(F.col("_metadata.file_name"), 1, LINK_DIGITS).cast("int") + 1
-    # Spark keeps a line's bytes as they are; through a Java string, invalid UTF-8 becomes U+FFFD,
-    # so the text is valid wherever it is written (Parquet readers refuse invalid strings).
-    text = F.decode(F.encode(F.col("value"), "UTF-8"), "UTF-8")
+    text = F.col("value")
 
     def scan(session: SparkSession, paths: list[str]) -> DataFrame:
         return (
@@ -344,7 +358,7 @@ def read_landing_lines(
             )
         )
 
-    linked = _linked(files, links)
+    linked = link_files(files, links)
     sizes = [os.path.getsize(file) for file in files]
     reader = _whole_file_reader(spark, sizes)
     if reader is not None:
@@ -375,6 +389,21 @@ def read_landing_lines(
     return numbered.where(~blank).select(*columns)
 
 
+def row_fields(table_schema: T.StructType) -> list[T.StructField]:
+    """The columns taken from an event's row (a Debezium table's source position comes from its
+    envelope)."""
+    return [field for field in table_schema if field.name != SOURCE_POSITION_COLUMN]
+
+
+def typed_parse_schema(fields: list[T.StructField]) -> T.StructType:
+    """What the typed parse of an event's row reads: ``TYPED_PARSE_TYPES`` typed, every other field
+    as text, and ``CORRUPT_COLUMN``, set when the parse failed anywhere."""
+    return T.StructType(
+        [T.StructField(field.name, field.dataType if _parsed_typed(field) else T.StringType()) for field in fields]
+        + [T.StructField(CORRUPT_COLUMN, T.StringType())]
+    )
+
+
 def convert_events(
     lines: DataFrame, table_schema: T.StructType, stream: StreamSpec, identifier_columns: list[str]
 ) -> DataFrame:
@@ -382,8 +411,6 @@ def convert_events(
 
     ``lines`` comes from :func:`read_landing_lines`.
     """
-    # Columns taken from the event's row; a Debezium table's source position comes from its envelope.
-    row_fields = [field for field in table_schema if field.name != SOURCE_POSITION_COLUMN]
     shape = event_shape(stream, F.col(EVENT_COLUMN), [F.col(SOURCE_FILE_COLUMN), F.col(LINE_COLUMN)])
     parsed = lines.select(
         EVENT_COLUMN,
@@ -395,7 +422,45 @@ def convert_events(
         shape.operation.alias(OPERATION_COLUMN),
         F.struct(*shape.position).alias(POSITION_COLUMN),
     )
-    parsed = _parsed_fields(parsed, row_fields)
+    typed = F.from_json(F.col(_ROW), typed_parse_schema(row_fields(table_schema)), PARSE_OPTIONS)
+    return _converted(parsed.withColumn(_TYPED, typed), table_schema, stream, identifier_columns, shape)
+
+
+def convert_parsed_events(events: DataFrame, table_schema: T.StructType, stream: StreamSpec) -> DataFrame:
+    """:func:`convert_events` for the events of a plain stream (no operations, no keys) that Spark's
+    JSON reader parsed (``events``: the ``typed_parse_schema`` columns of each line): the same
+    converted columns, operation and reason. An event whose typed parse failed is converted from
+    its text as :func:`convert_events` does; file and line are NULL (rejected events are found
+    again from the landing lines)."""
+    if stream.applies_changes:
+        raise LakehouseError(f"stream {stream.name!r}: events with operations are converted from their text")
+    corrupt = F.col(CORRUPT_COLUMN)
+    text = F.when(corrupt.startswith(BYTE_ORDER_MARK), corrupt.substr(F.lit(2), F.length(corrupt))).otherwise(corrupt)
+    nothing = F.lit(None)
+    shape = event_shape(stream, F.col(EVENT_COLUMN), [nothing.cast("string"), nothing.cast("long")])
+    parsed = events.select(
+        F.struct(*[F.col(f"`{name}`") for name in events.columns]).alias(_TYPED),
+        text.alias(EVENT_COLUMN),
+        nothing.cast("string").alias(SOURCE_FILE_COLUMN),
+        nothing.cast("long").alias(LINE_COLUMN),
+    ).select(
+        "*",
+        shape.row.alias(_ROW),
+        shape.raw_operation.alias(_RAW_OPERATION),
+        shape.operation.alias(OPERATION_COLUMN),
+        F.struct(*shape.position).alias(POSITION_COLUMN),
+    )
+    return _converted(parsed, table_schema, stream, [], shape)
+
+
+def _converted(
+    parsed: DataFrame, table_schema: T.StructType, stream: StreamSpec, identifier_columns: list[str], shape: EventShape
+) -> DataFrame:
+    """``parsed`` (with the typed parse of each event's row in ``_TYPED``) converted."""
+    fields = row_fields(table_schema)
+    # Spark evaluates the text parse only for the events whose typed parse failed.
+    text_schema = T.StructType([T.StructField(field.name, T.StringType()) for field in fields])
+    parsed = parsed.withColumn(_RAW, F.when(~_typed_parse_succeeded(), F.from_json(F.col(_ROW), text_schema)))
 
     def value(field: T.StructField) -> Column:
         if _parsed_typed(field):
@@ -407,7 +472,7 @@ def convert_events(
     kept_position = [position.cast(field.dataType) for field in table_schema if field.name == SOURCE_POSITION_COLUMN]
     converted = parsed.select(
         "*",
-        *[value(field).alias(field.name) for field in row_fields],
+        *[value(field).alias(field.name) for field in fields],
         *[kept.alias(SOURCE_POSITION_COLUMN) for kept in kept_position],
     )
     if stream.version_column:
@@ -415,24 +480,8 @@ def convert_events(
         converted = converted.withColumn(
             POSITION_COLUMN, F.struct(F.col(f"`{stream.version_column}`"), F.col(POSITION_COLUMN))
         )
-    reason = _rejection_reason(row_fields, stream, identifier_columns)
+    reason = _rejection_reason(fields, stream, identifier_columns)
     return converted.withColumn(REASON_COLUMN, reason).drop(_RAW, _TYPED, _ROW, _RAW_OPERATION)
-
-
-def _parsed_fields(events: DataFrame, fields: list[T.StructField]) -> DataFrame:
-    """``events`` with each event's row (``_ROW``) parsed: ``_TYPED`` from Spark's typed parse
-    (``TYPED_PARSE_TYPES`` typed, every other field as text, ``_CORRUPT`` set when it failed
-    anywhere), and ``_RAW`` from a parse as text, only where the typed parse failed (NULL where
-    it succeeded). ``_field_text`` and ``_field_present`` read a field from either."""
-    typed_schema = T.StructType(
-        [T.StructField(field.name, field.dataType if _parsed_typed(field) else T.StringType()) for field in fields]
-        + [T.StructField(_CORRUPT, T.StringType())]
-    )
-    text_schema = T.StructType([T.StructField(field.name, T.StringType()) for field in fields])
-    # Spark evaluates the text parse only for the events whose typed parse failed.
-    raw = F.when(~_typed_parse_succeeded(), F.from_json(F.col(_ROW), text_schema))
-    options = {"columnNameOfCorruptRecord": _CORRUPT}
-    return events.withColumn(_TYPED, F.from_json(F.col(_ROW), typed_schema, options)).withColumn(_RAW, raw)
 
 
 def _parsed_typed(field: T.StructField) -> bool:
@@ -440,8 +489,8 @@ def _parsed_typed(field: T.StructField) -> bool:
 
 
 def _typed_parse_succeeded() -> Column:
-    """True for an event whose typed parse succeeded (its ``_RAW`` is NULL)."""
-    return F.col(_TYPED).isNotNull() & F.col(_TYPED).getField(_CORRUPT).isNull()
+    """True for an event whose typed parse succeeded (its ``_RAW`` is NULL): its row is an object."""
+    return F.col(_TYPED).isNotNull() & F.col(_TYPED).getField(CORRUPT_COLUMN).isNull()
 
 
 def _field_text(field: T.StructField) -> Column:
@@ -472,7 +521,8 @@ def staged_events(converted: DataFrame, table_schema: T.StructType, identifier_c
         *[F.col(f"`{field.name}`") for field in table_schema],
         F.col(OPERATION_COLUMN),
         F.col(REASON_COLUMN),
-        *[F.when(~accepted, F.col(name)).alias(name) for name in (EVENT_COLUMN, SOURCE_FILE_COLUMN, LINE_COLUMN)],
+        F.when(~accepted, valid_text(F.col(EVENT_COLUMN))).alias(EVENT_COLUMN),
+        *[F.when(~accepted, F.col(name)).alias(name) for name in (SOURCE_FILE_COLUMN, LINE_COLUMN)],
     )
 
 

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.ingest.conversion import valid_text
 from lakehouse_assets.ingest.staged_format import (
     EVENT_COLUMN,
     LINE_COLUMN,
@@ -112,7 +113,7 @@ def quarantined_events(lines: DataFrame, failing: list[FailingLine], table_schem
         *[F.lit(None).cast(field.dataType).alias(field.name) for field in table_schema],
         F.lit(None).cast("string").alias(OPERATION_COLUMN),
         REASON_COLUMN,
-        EVENT_COLUMN,
+        valid_text(F.col(EVENT_COLUMN)).alias(EVENT_COLUMN),
         SOURCE_FILE_COLUMN,
         LINE_COLUMN,
     )

@@ -34,7 +34,7 @@ from lakehouse_assets.commit.summary_keys import CommitStamp
 from lakehouse_assets.config import ROUTED_TABLE, ROUTER_DEAD_LETTER_NAMESPACE, TEMPLATE_POINTER, StreamSpec
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import EVENTS_DIR, BatchRecord, CommittedBatch, StagedBatch, StreamLedger
-from lakehouse_assets.ingest.conversion import read_landing_lines
+from lakehouse_assets.ingest.conversion import read_landing_lines, valid_text
 from lakehouse_assets.ingest.landing import landing_dir
 from lakehouse_assets.ingest.staged_format import EVENT_COLUMN, LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.ingest.staging import input_links, landing_files, minted_record
@@ -151,7 +151,7 @@ def _stage_routes(
         missing = [table for table in tables if lake.metadata_location(table) is None]
     attempt, attempt_dir = ledger.new_attempt(record.sequence)
     staged = lines.withColumn(REASON_COLUMN, _rejection_reason(stream.table_identifier, missing))
-    staged.write.parquet(str(attempt_dir / EVENTS_DIR))
+    staged.withColumn(EVENT_COLUMN, valid_text(F.col(EVENT_COLUMN))).write.parquet(str(attempt_dir / EVENTS_DIR))
     routes, rejected = _write_route_files(attempt_dir / EVENTS_DIR, attempt_dir / ROUTES_DIR)
     outcome = StagedBatch(
         sequence=record.sequence,

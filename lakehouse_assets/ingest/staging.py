@@ -19,7 +19,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -34,9 +34,17 @@ from lakehouse_assets.config import ColumnSpec, StreamSpec
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import EVENTS_DIR, BatchRecord, StagedBatch, StreamLedger
-from lakehouse_assets.ingest.conversion import convert_events, read_landing_lines, staged_events, with_iceberg_types
+from lakehouse_assets.ingest.conversion import (
+    convert_events,
+    convert_parsed_events,
+    read_landing_lines,
+    row_fields,
+    staged_events,
+    with_iceberg_types,
+)
 from lakehouse_assets.ingest.inference import SAMPLE_EVENTS, infer_columns
 from lakehouse_assets.ingest.landing import landing_dir
+from lakehouse_assets.ingest.parsed_lines import read_parsed_events
 from lakehouse_assets.ingest.quarantine import SPARK_ERRORS, isolate_failing_lines, quarantined_events, without_failing
 from lakehouse_assets.ingest.schema_evolution import new_columns, with_new_columns
 from lakehouse_assets.ingest.staged_format import DELETE, EVENT_COLUMN, OPERATION_COLUMN, REASON_COLUMN
@@ -157,15 +165,17 @@ def _write_once(
     spark: SparkSession,
     lake: Lakehouse,
     stream: StreamSpec,
-    staged: Callable[[], DataFrame],
+    converted: DataFrame,
+    rejected: Callable[[], DataFrame],
     table_schema: T.StructType,
     sequence: int,
     attempt: str,
     attempt_dir: Path,
 ) -> tuple[dict, int]:
-    """Write the accepted rows of ``staged()`` into a staged snapshot of the table, observing the
-    batch's figures while writing, then the rejected events (if any) as the attempt's Parquet.
-    Returns the figures and the staged snapshot's id.
+    """Write the accepted rows of ``converted`` (the batch's converted events) into a staged
+    snapshot of the table, observing the batch's figures while writing, then ``rejected()`` (the
+    staged rejected events, if any) as the attempt's Parquet. Returns the figures and the staged
+    snapshot's id.
 
     The rows keep the job's own partitioning (no shuffle: each task writes a file per table
     partition it meets), which is what makes one write cheaper than two. Rejected events are
@@ -174,9 +184,8 @@ def _write_once(
     identifier = stream.table_identifier
     wap_id = f"{stream.name}:{sequence}:{attempt}"
     observation = Observation(f"batch-{sequence}")
-    frame = staged()
-    accepted = frame.observe(observation, *batch_figures(stream, table_schema)).where(F.col(REASON_COLUMN).isNull())
-    session = frame.sparkSession  # the batch's own: a copy for whole-file reading, or the caller's
+    accepted = converted.observe(observation, *batch_figures(stream, table_schema)).where(F.col(REASON_COLUMN).isNull())
+    session = converted.sparkSession  # the batch's own: a copy for whole-file reading, or the caller's
     # The staged snapshot is a metadata commit: on the Hadoop catalog only the table lock keeps it
     # from racing another commit to the same metadata version.
     with exclusive_lock(table_lock_file(lake.paths.locks, identifier)):
@@ -192,7 +201,7 @@ def _write_once(
     figures = observation.get
     events = attempt_dir / EVENTS_DIR
     if figures["rejected"]:
-        staged().where(F.col(REASON_COLUMN).isNotNull()).write.parquet(str(events))
+        rejected().write.parquet(str(events))
     else:
         events.mkdir(parents=True)
     return figures, staged_snapshot_id(lake, identifier, wap_id)
@@ -255,14 +264,22 @@ def stage_batch(
     if record.staged:
         return StagingOutcome(record.staged, False, len(minted.files), minted.bytes)
 
-    lines = read_landing_lines(spark, landing_files(lake.paths, stream, record), input_links(record))
+    files = landing_files(lake.paths, stream, record)
+
+    @cache
+    def lines() -> DataFrame:
+        # Planned only when needed: a batch the JSON file reader reads, with no rejected events,
+        # never needs its lines' text.
+        return read_landing_lines(spark, files, input_links(record))
+
     # Called only when the table must be created without declared columns.
     if stream.iceberg_source:
         undeclared_columns = partial(source_columns, lake, stream)
     else:
-        sample = lines.select(EVENT_COLUMN).limit(SAMPLE_EVENTS)
-        undeclared_columns = lambda: infer_columns(stream, [row[0] for row in sample.collect()])  # noqa: E731
-    schema = staging_schema(spark, lake, stream, undeclared_columns, lines)
+        undeclared_columns = lambda: infer_columns(  # noqa: E731
+            stream, [row[0] for row in lines().select(EVENT_COLUMN).limit(SAMPLE_EVENTS).collect()]
+        )
+    schema = staging_schema(spark, lake, stream, undeclared_columns, lines() if stream.schema_evolution else None)
     table_schema, keys, added = schema.table_schema, schema.identifier_columns, schema.added
 
     def converted(subset: DataFrame) -> DataFrame:
@@ -272,22 +289,26 @@ def stage_batch(
     staged_snapshot = None
     try:
         if into_table and writes_once(lake, stream, keys, added):
+            # Its rows are parsed by Spark's JSON file reader when it reads every line alike.
+            parsed = read_parsed_events(spark, files, input_links(record), row_fields(table_schema))
+            rows = converted(lines()) if parsed is None else convert_parsed_events(parsed, table_schema, stream)
+            rejected = lambda: converted(lines()).where(F.col(REASON_COLUMN).isNotNull())  # noqa: E731
             metrics, staged_snapshot = _write_once(
-                spark, lake, stream, lambda: converted(lines), table_schema, sequence, attempt, attempt_dir
+                spark, lake, stream, rows, rejected, table_schema, sequence, attempt, attempt_dir
             )
         else:
-            metrics = _write_observed(converted(lines), stream, table_schema, sequence, attempt_dir)
+            metrics = _write_observed(converted(lines()), stream, table_schema, sequence, attempt_dir)
     except SPARK_ERRORS:
         # The safety net: find the events Spark fails on, dead-letter them, stage the rest.
         failing = isolate_failing_lines(
-            lines, lambda span: converted(span).write.format("noop").mode("overwrite").save()
+            lines(), lambda span: converted(span).write.format("noop").mode("overwrite").save()
         )
         if not failing:
             raise
         shutil.rmtree(attempt_dir, ignore_errors=True)
         attempt, attempt_dir = ledger.new_attempt(sequence)
-        quarantined = quarantined_events(lines, failing, table_schema)
-        frame = converted(without_failing(lines, failing)).unionByName(quarantined)
+        quarantined = quarantined_events(lines(), failing, table_schema)
+        frame = converted(without_failing(lines(), failing)).unionByName(quarantined)
         metrics = _write_observed(frame, stream, table_schema, sequence, attempt_dir)
     crash_point(faults.WRITER_AFTER_STAGING)
     return record_attempt(ledger, record, attempt, metrics, run_id, added, staged_snapshot)
