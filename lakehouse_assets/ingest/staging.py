@@ -4,13 +4,15 @@ Readers see nothing until the committer publishes a batch. Most batches are stag
 beside the ledger. A plain append batch on the embedded (Hadoop) catalog writes its rows once,
 straight into the table's files, under a staged snapshot that no branch references (Iceberg's
 write-audit-publish: ``write.wap.enabled`` and ``spark.wap.id``); the committer then publishes
-those same files, and only the rejected events are staged as Parquet. Each attempt writes into
-its own directory (and its own staged snapshot) and the first attempt to record itself wins, so a
-retried or duplicated writer run leaves exactly one staged batch; a losing staged snapshot is
-never published, and snapshot expiry removes its files. Spark reads the landing files through
-links named by position (``inputs/``), so a file's name is never a pattern or a path to Hadoop.
-Should the conversion job still fail on some events, they are isolated and staged as dead letters
-with Spark's error (``quarantine``), and the rest is staged as Parquet.
+those same files, and only the rejected events are staged as Parquet (found again from the
+landing lines; the rows are read by Spark's JSON file reader when it reads every line alike,
+``parsed_lines``). Each attempt writes into its own directory (and its own staged snapshot) and
+the first attempt to record itself wins, so a retried or duplicated writer run leaves exactly one
+staged batch; a losing staged snapshot is never published, and snapshot expiry removes its files.
+Spark reads the landing files through links named by position (``inputs/``), so a file's name is
+never a pattern or a path to Hadoop. Should the conversion job still fail on some events, they are
+isolated and staged as dead letters with Spark's error (``quarantine``), and the rest is staged as
+Parquet.
 """
 
 from __future__ import annotations
