@@ -5,7 +5,9 @@ object's JSON text for a string field); each column is then coerced to its type.
 numbers or booleans Spark's parser reads exactly as the coercion would (integers, doubles,
 booleans) are parsed typed first, which skips most of the text path's cost: an event whose typed
 parse fails anywhere (a digit string for a long, a fraction for an int, a number out of range) is
-parsed again as text, so both paths give the same rows and reasons.
+parsed again as text, so both paths give the same rows and reasons. The typed parse of a plain
+append's events may come from Spark's JSON file reader instead (``parsed_lines``,
+:func:`convert_parsed_events`), with the same result.
 
 ========================  ==============================================================
 table type                accepted event values

@@ -8,8 +8,9 @@ line the file reader reads differently: a root array (split into one row per ele
 typed parse fails) and a line with a zero byte among its first four (whose encoding the file
 reader guesses, UTF-16 or UTF-32, where the typed parse reads UTF-8). A batch is read this way
 only when every line of its files is blank or starts with ``{`` (after a byte order mark, spaces,
-tabs or carriage returns) and none starts with a zero byte: then each non-blank line is exactly
-one row, parsed as the typed parse would, and an event that fails is converted from its text.
+tabs or carriage returns) with no zero byte among its first four: then each non-blank line is
+exactly one row, parsed as the typed parse would, and an event that fails is converted from its
+text.
 """
 
 from __future__ import annotations
