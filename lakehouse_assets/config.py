@@ -106,9 +106,11 @@ class SchemaSpec(_Strict):
     @model_validator(mode="after")
     def _partition_columns_exist(self) -> SchemaSpec:
         names = [column.name for column in self.columns]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
+        # Spark resolves column names without case: `a` and `A` would be one ambiguous column.
+        folded = [name.lower() for name in names]
+        duplicates = sorted({name for name in names if folded.count(name.lower()) > 1})
         if duplicates:
-            raise ValueError(f"duplicate column names: {', '.join(duplicates)}")
+            raise ValueError(f"duplicate column names (case is ignored): {', '.join(duplicates)}")
         for field in self.partition_spec:
             if field.column not in names:
                 raise ValueError(f"partition_spec names column {field.column!r}, which is not declared")

@@ -104,6 +104,10 @@ def test_packaged_demo_config_is_used_without_a_file(monkeypatch, tmp_path):
             "stream 'orders': expectations: duplicate expectation names: p",
         ),
         ({"expectations": [{"name": "amount >= 0", "condition": "amount >= 0"}]}, "expectation name 'amount >= 0'"),
+        (
+            {"schema": {"columns": [{"name": "a", "type": "long"}, {"name": "A", "type": "string"}]}},
+            "stream 'orders': schema: duplicate column names (case is ignored): A, a",
+        ),
     ],
 )
 def test_invalid_keys_are_named_with_their_stream(change, message):

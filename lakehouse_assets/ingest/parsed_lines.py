@@ -46,8 +46,8 @@ def read_parsed_events(
 ) -> DataFrame | None:
     """The typed parse of every non-blank line of ``files`` (``typed_parse_schema(fields)``), read
     by Spark's JSON file reader through the links in ``links``; None when a file has a line it
-    reads differently, or when two fields differ only in case (the reader refuses them)."""
-    if len({field.name.lower() for field in fields}) < len(fields) or not all(map(read_alike, files)):
+    reads differently."""
+    if not all(map(read_alike, files)):
         return None
     reader = spark.read.schema(typed_parse_schema(fields)).option("lineSep", "\n").options(**PARSE_OPTIONS)
     return reader.json(link_files(files, links))
