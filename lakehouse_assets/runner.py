@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,12 +20,12 @@ from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.run_liveness import LIVENESS_TAG, RunProcess, release_run_lock, run_process
 
 DAGSTER_HOME_ENV = "DAGSTER_HOME"
 INSTANCE_SETTINGS = "dagster.yaml"
 RUN_KEY_TAG = "dagster/run_key"
 SENSOR_NAME_TAG = "dagster/sensor_name"
-PROCESS_TAG = "lakehouse/process"
 # Step-by-step events still go to the instance (and the UI); the console shows warnings and errors.
 IN_PROGRESS_STATUSES = [
     dg.DagsterRunStatus.NOT_STARTED,
@@ -65,39 +64,24 @@ def _already_done(instance: dg.DagsterInstance, sensor_name: str, run_key: str) 
     return bool(runs)
 
 
-def _process_label() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _process_is_alive(label: str) -> bool:
-    host, _, pid = label.rpartition(":")
-    if host != socket.gethostname():
-        return True  # another machine's process: not ours to judge
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return True
-    return True
-
-
 def fail_runs_of_dead_processes(instance: dg.DagsterInstance, log: Callable[[str], None] = print) -> list[str]:
-    """Mark runs that an earlier ``lakehouse run`` left in progress when it died as failed.
+    """Mark runs whose process is gone (their liveness lock is free) as failed.
 
     A killed process leaves its run STARTED and, worse, keeps the concurrency-pool slot its
-    committer step claimed, so every later committer of that table would wait for ever. The
-    daemon's run monitoring does this for ``dagster dev``; this runner does it for its own runs.
+    committer step claimed, so every later committer of that table would wait for ever. Under
+    ``dagster dev`` and the daemon, run monitoring does the same through the project's run
+    launcher; this runner does it before it executes anything, without the daemon.
     """
     failed = []
     in_progress = instance.get_runs(filters=dg.RunsFilter(statuses=IN_PROGRESS_STATUSES))
     for run in in_progress:
-        label = run.tags.get(PROCESS_TAG)
-        if label and not _process_is_alive(label):
-            instance.report_run_failed(run, message=f"the process {label} that ran it is gone")
+        lock = run.tags.get(LIVENESS_TAG)
+        if run_process(lock) is RunProcess.GONE:
+            message = f"the process that ran it is gone (its liveness lock {lock} is free)"
+            instance.report_run_failed(run, message=message)
             instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
             failed.append(run.run_id)
-            log(f"marked run {run.run_id} failed: its process {label} is gone")
+            log(f"marked run {run.run_id} failed: its process is gone")
     return failed
 
 
@@ -111,23 +95,25 @@ def run_job(
 ) -> dg.ExecuteInProcessResult:
     """Execute ``job`` (only ``asset_selection`` of it and ``asset_check_selection`` of their checks,
     when given; all their checks when it is None) in this process, recorded in ``instance`` and
-    tagged with this process, after failing the runs of dead processes (which would hold its pool
-    slot for ever)."""
+    after failing the runs of dead processes (which would hold its pool slot for ever). The run's
+    liveness lock is released once it returns: this process goes on to other runs."""
     fail_runs_of_dead_processes(instance)
     if asset_selection is not None:
         checks = None if asset_check_selection is None else set(asset_check_selection)
         job = job.get_subset(asset_selection=set(asset_selection), asset_check_selection=checks)
     run_config = run_config or {}
-    return job.execute_in_process(
+    result = job.execute_in_process(
         run_config={
             **run_config,
             **QUIET_CONSOLE,
             "resources": {**run_config.get("resources", {}), **IN_PROCESS_SPARK},
         },
         instance=instance,
-        tags={**(tags or {}), PROCESS_TAG: _process_label()},
+        tags=tags,
         raise_on_error=False,
     )
+    release_run_lock(result.run_id)
+    return result
 
 
 def dagster_instance(paths: LakehousePaths) -> dg.DagsterInstance:

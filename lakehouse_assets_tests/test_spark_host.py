@@ -3,6 +3,8 @@ or duplicated batch, and whose errors reach the run that called it."""
 
 import os
 import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import dagster as dg
@@ -17,7 +19,7 @@ from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.engine.spark_host import SparkHostError, call_on_host, host_pid
+from lakehouse_assets.engine.spark_host import call_on_host, host_pid
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
@@ -88,24 +90,94 @@ def test_an_error_on_the_host_reaches_the_caller_as_itself(lake, stops_hosts):
         call_on_host(lake, stage_batch, lake.stream("orders"), 7)
 
 
-def test_a_host_killed_after_a_commit_leaves_the_batch_committed_once(lake, monkeypatch, stops_hosts):
-    stream = lake.stream("orders")
-    land_events(lake.paths, stream, [order_event(i) for i in range(1, 41)])
-    batch, _ = mint_next_batch(lake, stream, drain=True)
-    call_on_host(lake, stage_batch, stream, batch.sequence)
-    os.kill(host_pid(lake), signal.SIGKILL)
-
-    # A host started with a fault point dies right after the commit, before its bookkeeping.
-    monkeypatch.setenv(faults.CRASH_ENV, faults.COMMITTER_AFTER_COMMIT)
-    with pytest.raises(SparkHostError, match="died during commit_table"):
-        call_on_host(lake, commit_table, "sales.orders", "run-killed")
+def _host_with_fault(lake, monkeypatch, point: str) -> int:
+    """Replace the home's host by one with ``point`` armed (its environment is the caller's at
+    spawn), then disarm it for the hosts started after it; returns the armed host's process id."""
+    running = host_pid(lake)
+    if running is not None:
+        os.kill(running, signal.SIGKILL)
+    monkeypatch.setenv(faults.CRASH_ENV, point)
+    call_on_host(lake, _process_id)
     monkeypatch.delenv(faults.CRASH_ENV)
-    outcome = call_on_host(lake, commit_table, "sales.orders", "run-after")
+    return host_pid(lake)
 
-    assert outcome.results == [] and [p.recovered for p in outcome.plans] == [[1]]
-    assert [row[0] for row in _duckdb_rows(lake, "sales.orders", "order_id")] == list(range(1, 41))
+
+def _process_id(_spark, _lake) -> int:
+    return os.getpid()
+
+
+def _jvm_pid(_spark, _lake) -> int:
+    from pyspark import SparkContext
+
+    return SparkContext._gateway.proc.pid
+
+
+def test_a_host_killed_at_each_fault_point_is_replaced_and_the_call_repeated(lake, monkeypatch, stops_hosts):
+    """Long (about 90 s): two host starts per named point, each a JVM start."""
+    stream = lake.stream("orders")
+    for round_number, point in enumerate(faults.CRASH_POINTS):
+        first = round_number * 20 + 1
+        land_events(lake.paths, stream, [order_event(i) for i in range(first, first + 20)])
+        batch, _ = mint_next_batch(lake, stream, drain=True)
+        armed = _host_with_fault(lake, monkeypatch, point)
+
+        # The armed host dies at the point during one of the calls; the call is repeated on a new host.
+        call_on_host(lake, stage_batch, stream, batch.sequence)
+        outcome = call_on_host(lake, commit_table, "sales.orders", f"run-{round_number}")
+
+        assert host_pid(lake) != armed, f"the host armed at {point} did not die there"
+        assert outcome.plans[0].recovered or outcome.results, point
+        assert lake.ledger("orders").batch(batch.sequence).committed is not None, point
+
+    expected = list(range(1, len(faults.CRASH_POINTS) * 20 + 1))
+    assert [row[0] for row in _duckdb_rows(lake, "sales.orders", "order_id")] == expected
     commits = lakehouse_commits(lake.table("sales.orders"))
-    assert [(c.first_sequence, c.last_sequence, c.run) for c in commits] == [(1, 1, "run-killed")]
+    assert [(c.first_sequence, c.last_sequence, c.rows) for c in commits] == [
+        (n, n, 20) for n in range(1, len(faults.CRASH_POINTS) + 1)
+    ]
+
+
+@pytest.mark.parametrize("victim", ["host", "jvm"])
+def test_a_killed_host_or_jvm_between_calls_is_replaced_by_the_next_call(lake, stops_hosts, victim):
+    dead_host = call_on_host(lake, _process_id)
+    os.kill(dead_host if victim == "host" else call_on_host(lake, _jvm_pid), signal.SIGKILL)
+
+    assert call_on_host(lake, _process_id) != dead_host
+
+
+def test_a_host_told_to_stop_during_a_call_answers_it_and_exits_cleanly(lake, monkeypatch, tmp_path, stops_hosts):
+    stream = lake.stream("orders")
+    land_events(lake.paths, stream, [order_event(i) for i in range(1, 31)])
+    batch, _ = mint_next_batch(lake, stream, drain=True)
+    monkeypatch.setenv(faults.PAUSE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(faults.PAUSE_ENV, faults.WRITER_AFTER_STAGING)
+    host = call_on_host(lake, _process_id)
+    monkeypatch.delenv(faults.PAUSE_ENV)
+
+    with ThreadPoolExecutor(1) as pool:
+        staging = pool.submit(call_on_host, lake, stage_batch, stream, batch.sequence)
+        paused = tmp_path / f"{faults.WRITER_AFTER_STAGING}.paused"
+        deadline = time.monotonic() + 120
+        while not paused.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(host, signal.SIGTERM)  # mid-call: the host takes no new call, then finishes this one
+        while host_pid(lake) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host_pid(lake) is None, "a stopping host must take no new calls"
+        (tmp_path / f"{faults.WRITER_AFTER_STAGING}.release").touch()
+        staging.result(timeout=120)
+
+    assert _exit_status(host) == 0
+    assert lake.ledger("orders").batch(batch.sequence).staged is not None
+    text = (lake.paths.state / "spark-host.log").read_text()
+    assert "SIGTERM: taking no new calls" in text and "stopped" in text and "Traceback" not in text
+    assert call_on_host(lake, _process_id) != host, "the next call starts a new host"
+
+
+def _exit_status(pid: int) -> int | None:
+    """The exit code of a host this test process started (its child), waiting for it."""
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
 
 
 def _started_host(lake) -> int:

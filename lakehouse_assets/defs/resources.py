@@ -10,6 +10,8 @@ import dagster as dg
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.engine.spark_host import call_on_host
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.run_liveness import LIVENESS_TAG, hold_run_lock, liveness_label
 
 
 class LakehouseResource(dg.ConfigurableResource):
@@ -25,6 +27,14 @@ class LakehouseResource(dg.ConfigurableResource):
     """Set by the check jobs (``lakehouse check``) and the publish jobs: the table checks read the
     table's current snapshot (under ``publish: audit`` the audit branch's while it holds unpublished
     commits), whoever committed it, instead of the one its last materialization recorded."""
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """Take the run's liveness lock for this process and name it in the run's tags, so run
+        monitoring can tell when the process running it is gone (``lakehouse_assets.run_launcher``)."""
+        if context.run_id is None or context.instance is None:
+            return
+        lock_file = hold_run_lock(LakehousePaths.from_env(), context.run_id)
+        context.instance.add_run_tags(context.run_id, {LIVENESS_TAG: liveness_label(lock_file)})
 
     def lake(self) -> Lakehouse:
         """The lakehouse as it is configured now. Not kept for the run: routing adds a derived

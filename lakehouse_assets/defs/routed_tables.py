@@ -248,8 +248,8 @@ def routed_freshness_job(router: StreamSpec, tables: dict[str, list[StreamSpec]]
 
 def _failure_backoff(instance: dg.DagsterInstance, job_name: str, now: float | None = None) -> str | None:
     """Why not to request the committer yet: its last runs failed (a table that fails for good,
-    such as a gap, would otherwise fail a run every tick); None when a run may start. Waits 30 s
-    after one failure, doubling per consecutive failure up to 10 minutes (``writer_retry_backoff``)."""
+    such as a gap, would otherwise fail a run every tick); None when a run may start. Waits 5 s
+    after one failure, doubling per consecutive failure up to a minute (``writer_retry_backoff``)."""
     records = instance.get_run_records(filters=dg.RunsFilter(job_name=job_name), limit=10)
     failures = 0
     for record in records:

@@ -20,8 +20,13 @@ from lakehouse_assets.lakehouse import Lakehouse
 MAX_BATCHES_PER_TICK = 16
 SENSOR_DAEMON_LOOP_SECONDS = 5
 """The Dagster sensor daemon evaluates sensors at most this often, whatever their interval."""
-WRITER_RETRY_BACKOFF_SECONDS = 30.0
-WRITER_RETRY_BACKOFF_CAP_SECONDS = 600.0
+WRITER_RETRY_BACKOFF_SECONDS = 5.0
+WRITER_RETRY_BACKOFF_CAP_SECONDS = 60.0
+RETRY_LAUNCH_GRACE_SECONDS = 60.0
+"""A failed run that Dagster said it would retry, with no retry launched this long after, counts as
+not retried (the daemon that would have launched it may have died)."""
+FAILED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+"""A writer run that ended so, its batch not staged, is run again (a run cancelled or timed out too)."""
 IN_PROGRESS = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -58,18 +63,20 @@ def writer_run_request(batch: MintedBatch, retry: int = 0, reason: str | None = 
 
 def writer_retry_backoff(retry: int) -> float:
     """Seconds between a writer run failing for good and the sensor's request ``retry`` (1, 2, ...):
-    30 s, doubling per retry, at most 10 minutes."""
+    5 s, doubling per retry, at most a minute: a stream whose runtime healed resumes within a
+    minute, and a batch that fails for a cause of its own is tried once a minute until fixed."""
     return min(WRITER_RETRY_BACKOFF_SECONDS * 2 ** (retry - 1), WRITER_RETRY_BACKOFF_CAP_SECONDS)
 
 
-def _retries_exhausted(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+def _retries_exhausted(instance: dg.DagsterInstance, run: dg.DagsterRun, failed_at: float, now: float) -> bool:
     """Whether Dagster will launch no retry of this failed run: run retries are off, or Dagster
-    tagged it ``dagster/will_retry=false``, or (not tagged yet) its retry number reached the maximum."""
+    tagged it ``dagster/will_retry=false``, or said it would and has not for
+    ``RETRY_LAUNCH_GRACE_SECONDS``, or (not tagged yet) its retry number reached the maximum."""
     if not instance.run_retries_enabled:
         return True
     will_retry = run.tags.get(names.WILL_RETRY_TAG)
     if will_retry is not None:
-        return will_retry.lower() != "true"
+        return will_retry.lower() != "true" or now > failed_at + RETRY_LAUNCH_GRACE_SECONDS
     try:
         max_retries = int(run.tags.get(names.MAX_RETRIES_TAG, instance.run_retries_max_retries))
         return int(run.tags.get(names.RETRY_NUMBER_TAG, "0")) >= max_retries
@@ -95,10 +102,12 @@ def unstaged_batch_request(
     )
     latest = records[0].dagster_run if records else None
     retry = int(latest.tags.get(names.WRITER_RETRY_TAG, "0")) if latest else 0
-    if latest is None or latest.status != dg.DagsterRunStatus.FAILURE or not _retries_exhausted(instance, latest):
+    if latest is None or latest.status not in FAILED:
+        return writer_run_request(batch, retry), None
+    failed_at = records[0].end_time or records[0].update_timestamp.timestamp()
+    if not _retries_exhausted(instance, latest, failed_at, now):
         return writer_run_request(batch, retry), None
     backoff = writer_retry_backoff(retry + 1)
-    failed_at = records[0].end_time or records[0].update_timestamp.timestamp()
     failure = f"batch {batch.stream}:{batch.sequence}: writer run {latest.run_id} failed and Dagster will not retry it"
     if now < failed_at + backoff:
         return None, (

@@ -28,9 +28,11 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import logging
 import os
 import pickle
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,10 +57,23 @@ KEY_FILE = "spark-host.key"
 LOG_FILE = "spark-host.log"
 SPAWN_LOCK_FILE = "spark-host.lock"
 CODE_CHANGED_EXIT = 3
+JVM_GONE_EXIT = 4
+HOST_ATTEMPTS = 3
+"""Hosts one engine call is tried on before its run fails: a dead host is replaced and the call repeated."""
+STOP_TIMEOUT_SECONDS = 120.0
+"""How long a host told to stop (SIGTERM, SIGINT) waits for its calls in flight before it exits."""
+JVM_EXIT_WAIT_SECONDS = 2.0
+"""How long a call whose JVM connection broke waits to see the JVM exit (its socket closes first)."""
+
+logger = logging.getLogger(__name__)
 
 
 class SparkHostError(LakehouseError):
     """The Spark host could not be started or reached, or died during a call."""
+
+
+class HostExitedError(SparkHostError):
+    """The Spark host this process started exited before it answered."""
 
 
 class RemoteCallError(LakehouseError):
@@ -167,52 +182,63 @@ def start_in_background(lake: Lakehouse) -> None:
 
 
 def _connect_or_start(lake: Lakehouse) -> Connection:
-    """A connection to the home's host, starting the host first when none runs or is starting."""
+    """A connection to the home's host, starting one when none runs or is starting (a host that
+    died, or one that is stopping, is waited for and replaced). Raises ``HostExitedError`` when the
+    host this process started exits before it answers."""
     address, key = host_address(lake), _authkey(lake.paths)
     connection = _connect(address, key)
     if connection is not None:
         return connection
     with exclusive_lock(lake.paths.state / SPAWN_LOCK_FILE, timeout_seconds=START_TIMEOUT_SECONDS):
-        connection = _connect(address, key)
-        if connection is not None:
-            return connection
-        exit_code: Callable[[], int | str | None]
-        if _host_running(lake, address):  # started by another process: only its parent reads its exit code
-            exit_code = lambda: None if _host_running(lake, address) else "unknown"  # noqa: E731
-        else:
-            exit_code = _spawn(lake, address).poll
+        spawned: subprocess.Popen | None = None
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
-            code = exit_code()
-            if code == CODE_CHANGED_EXIT:
-                raise SparkHostError("the package changed since this run started; the next run uses the new code")
-            if code is not None:
-                raise SparkHostError(f"the Spark host exited (code {code}); see {lake.paths.state / LOG_FILE}")
             connection = _connect(address, key)
             if connection is not None:
                 return connection
+            code = spawned.poll() if spawned is not None else None
+            if code == CODE_CHANGED_EXIT:
+                raise SparkHostError("the package changed since this run started; the next run uses the new code")
+            if code is not None:
+                raise HostExitedError(f"the Spark host exited while starting (code {code}); see {_log_file(lake)}")
+            if spawned is None and not _host_running(lake, address):
+                spawned = _spawn(lake, address)
             time.sleep(POLL_SECONDS)
-    raise SparkHostError(
-        f"the Spark host did not answer within {START_TIMEOUT_SECONDS:.0f}s; see {lake.paths.state / LOG_FILE}"
-    )
+    raise SparkHostError(f"the Spark host did not answer within {START_TIMEOUT_SECONDS:.0f}s; see {_log_file(lake)}")
 
 
 def call_on_host(lake: Lakehouse, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run ``function(spark, lake, *args, **kwargs)`` on the home's Spark host and return its result or
-    raise its error. ``function`` is a module-level engine function; arguments and result pickle."""
-    connection = _connect_or_start(lake)
-    with connection:
-        connection.send((function, lake, args, kwargs))
+    raise its error. ``function`` is a module-level engine function; arguments and result pickle.
+
+    A host that dies before or during the call (killed, its JVM killed, stopped) is replaced and
+    the call repeated, up to ``HOST_ATTEMPTS`` hosts. That is safe because every engine call is
+    idempotent: a host killed mid-call is a process killed at that point, and the repeated call
+    decides from the table's ancestry and the staging ledger what is left to do (the fault suite
+    kills the host at each named point and repeats the call).
+    """
+    for attempt in range(1, HOST_ATTEMPTS + 1):
         try:
-            status, payload = connection.recv()
-        except EOFError:
-            raise SparkHostError(
-                f"the Spark host died during {function.__name__}; the call completed or not, atomically "
-                f"as any crash, and the next run repeats it (see {lake.paths.state / LOG_FILE})"
-            ) from None
-    if status == "error":
-        raise payload
-    return payload
+            with _connect_or_start(lake) as connection:
+                connection.send((function, lake, args, kwargs))
+                status, payload = connection.recv()
+        except (EOFError, OSError, HostExitedError) as lost:
+            what = f"the Spark host died during {function.__name__} ({type(lost).__name__}: {lost})"
+            if attempt == HOST_ATTEMPTS:
+                raise SparkHostError(
+                    f"{what} on {HOST_ATTEMPTS} hosts in a row; the call completed or not, atomically, and "
+                    f"the next run repeats it (see {_log_file(lake)})"
+                ) from None
+            logger.warning(f"{what}; repeating it on a new host (attempt {attempt + 1} of {HOST_ATTEMPTS})")
+            continue
+        if status == "error":
+            raise payload
+        return payload
+    raise AssertionError("unreachable")
+
+
+def _log_file(lake: Lakehouse) -> Path:
+    return lake.paths.state / LOG_FILE
 
 
 def host_pid(lake: Lakehouse) -> int | None:
@@ -226,25 +252,53 @@ def host_pid(lake: Lakehouse) -> int | None:
 
 
 class _Host:
-    """The serving side: one Spark JVM, one thread per call, exit when idle."""
+    """The serving side: one Spark JVM, one thread per call; exits when idle, when its JVM is gone
+    (so that the next call starts a new host instead of failing on a dead one), and on SIGTERM or
+    SIGINT once its calls in flight are answered."""
 
     def __init__(self, idle_timeout: float) -> None:
         self.idle_timeout = idle_timeout
         self.last_call = time.monotonic()
         self.in_flight = 0
         self.guard = threading.Lock()
+        self.stopping = threading.Event()
+        self.listener: Listener | None = None
 
     def serve(self, address: str, key: bytes) -> None:
-        listener = Listener(address, family="AF_UNIX", authkey=key)
-        threading.Thread(target=self._exit_when_idle, args=(listener, address), daemon=True).start()
+        self.listener = Listener(address, family="AF_UNIX", authkey=key)
+        for signal_number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signal_number, self._stop)
+        threading.Thread(target=self._exit_when_idle, args=(address,), daemon=True).start()
+        threading.Thread(target=self._exit_when_jvm_gone, daemon=True).start()
         print(f"Spark host {os.getpid()} listening on {address}", flush=True)
-        while True:
+        while not self.stopping.is_set():
             try:
-                connection = listener.accept()
-            except (OSError, EOFError, AuthenticationError) as refused:  # a wrong key, or a client gone
-                print(f"refused a connection: {refused}", flush=True)
+                connection = self.listener.accept()
+            except (OSError, EOFError, AuthenticationError) as refused:  # a wrong key, a client gone, or stopping
+                if not self.stopping.is_set():
+                    print(f"refused a connection: {refused}", flush=True)
                 continue
             threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
+        self._finish_calls_and_exit(address)
+
+    def _stop(self, signal_number: int, _frame: Any) -> None:
+        """Take no new calls: closing the listener removes its socket, so a run starts a new host."""
+        print(f"{signal.Signals(signal_number).name}: taking no new calls", flush=True)
+        self.stopping.set()
+        if self.listener is not None:
+            self.listener.close()
+
+    def _finish_calls_and_exit(self, address: str) -> None:
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        while self.in_flight and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+        if self.in_flight:
+            # Abandoned calls end as a process killed at that point would; their runs repeat them.
+            print(f"{self.in_flight} calls still running after {STOP_TIMEOUT_SECONDS:g}s; abandoning them", flush=True)
+        Path(address).unlink(missing_ok=True)
+        print("stopped", flush=True)
+        sys.stdout.flush()
+        os._exit(0)  # the JVM exits when this process's pipe to it closes
 
     def _answer(self, connection: Connection) -> None:
         with connection:
@@ -261,22 +315,56 @@ class _Host:
             try:
                 connection.send(("ok", _run(function, lake, args, kwargs)))
             except Exception as error:  # noqa: BLE001 - every failure travels back to the calling run
+                if _jvm_exited(JVM_EXIT_WAIT_SECONDS if _broke_jvm_connection(error) else 0.0):
+                    _exit_for_lost_jvm()  # no answer: the caller repeats the call on a new host
                 connection.send(("error", _travelling(error)))
             finally:
                 with self.guard:
                     self.in_flight -= 1
                     self.last_call = time.monotonic()
 
-    def _exit_when_idle(self, listener: Listener, address: str) -> None:
+    def _exit_when_idle(self, address: str) -> None:
         while True:
             time.sleep(1.0)
             with self.guard:
                 idle = self.in_flight == 0 and time.monotonic() - self.last_call > self.idle_timeout
             if idle:
                 print(f"idle for {self.idle_timeout:g}s; exiting", flush=True)
-                listener.close()
+                if self.listener is not None:
+                    self.listener.close()
                 Path(address).unlink(missing_ok=True)
                 os._exit(0)
+
+    def _exit_when_jvm_gone(self) -> None:
+        while not _jvm_exited(0.0):
+            time.sleep(0.5)
+        _exit_for_lost_jvm()
+
+
+def _jvm_exited(wait_seconds: float) -> bool:
+    """Whether this process's Spark JVM has exited, waiting up to ``wait_seconds`` for it to."""
+    from pyspark import SparkContext
+
+    process = getattr(SparkContext._gateway, "proc", None)
+    deadline = time.monotonic() + wait_seconds
+    while process is not None:
+        if process.poll() is not None:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_SECONDS)
+    return False
+
+
+def _broke_jvm_connection(error: Exception) -> bool:
+    from py4j.protocol import Py4JNetworkError
+
+    return isinstance(error, (Py4JNetworkError, ConnectionError))
+
+
+def _exit_for_lost_jvm() -> None:
+    print("the Spark JVM exited; exiting, so that the next call starts a new host", flush=True)
+    os._exit(JVM_GONE_EXIT)
 
 
 def _run(function: Callable[..., Any], lake: Lakehouse, args, kwargs) -> Any:

@@ -1,0 +1,406 @@
+"""Chaos under ``dagster dev``: the runtime's own processes killed at random while events land, then
+no operator action; every event must end in its table exactly once and no run left in progress.
+
+    python bench/chaos.py --seed 1 --seconds 180
+
+In a temporary directory (own ``LAKEHOUSE_HOME``, ``DAGSTER_HOME``, the project's ``dagster.yaml``)
+it starts ``dagster dev`` with three streams: an append stream (``chaos.events``), a change stream
+(``chaos.accounts``: inserts, updates and deletes of a key pool, committed by MERGE) and a routed
+stream (``chaos.region_<region>``, one table per region). Every ``--chunk-seconds`` it lands a chunk
+of each stream (``land_events``: write, fsync, rename, as ``lakehouse ingest`` does). Meanwhile, at
+seeded random intervals of ``--min-gap``-``--max-gap`` seconds, it SIGKILLs one process of the
+runtime: the Spark host, the host's JVM, a run worker, or (at least once, ``--orchestrator-kills``)
+the whole ``dagster dev`` process group, which it then starts again as an operator's supervisor
+would. After the last chunk it waits, up to ``--drain-timeout``, until DuckDB reads every table
+equal to its oracle (the append ids once each; the key model of the changes applied in order; each
+region's ids once each) and no run is queued or in progress, then reports the kills, the drain
+time after the last kill and every run left in a non-final state.
+
+Exit code 1 when a table differs from its oracle, the drain timed out, or a run was left in progress.
+The result goes to ``<tmp>/result.json`` (and ``--json-out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dagster_dev_freshness as dev  # noqa: E402 - the dagster dev harness beside this script
+
+APPEND_STREAM, APPEND_TABLE = "chaos_events", "chaos.events"
+CHANGE_STREAM, CHANGE_TABLE = "chaos_changes", "chaos.accounts"
+ROUTED_STREAM, REGIONS = "chaos_routed", ("eu", "us", "ap")
+KINDS = ("spark-host", "spark-jvm", "run-worker", "dagster-dev")
+FINAL_STATUSES = ("SUCCESS", "FAILURE", "CANCELED")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=1, help="the seed of the kill schedule and the events")
+    parser.add_argument("--seconds", type=float, default=180, help="how long events land and kills happen")
+    parser.add_argument("--chunk-seconds", type=float, default=5, help="one chunk per stream every N seconds")
+    parser.add_argument("--events", type=int, default=2000, help="append and routed events per chunk")
+    parser.add_argument("--changes", type=int, default=500, help="changes per chunk")
+    parser.add_argument("--keys", type=int, default=3000, help="the change stream's key pool")
+    parser.add_argument("--min-gap", type=float, default=10, help="fewest seconds between kills")
+    parser.add_argument("--max-gap", type=float, default=20, help="most seconds between kills")
+    parser.add_argument("--orchestrator-kills", type=int, default=1, help="kills of the whole dagster dev")
+    parser.add_argument("--drain-timeout", type=float, default=300, help="seconds to wait after the last chunk")
+    parser.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for dagster dev")
+    parser.add_argument("--max-age", default="10s", help="flush.max_age of every stream")
+    parser.add_argument("--project-root", type=Path, default=dev.PROJECT_ROOT, help="where workspace.yaml is")
+    parser.add_argument("--json-out", type=Path, default=None, help="also write the result JSON here")
+    parser.add_argument("--keep", action="store_true", help="keep the whole temporary directory")
+    args = parser.parse_args(argv)
+    if not 0 < args.min_gap <= args.max_gap:
+        parser.error("--min-gap must be positive and at most --max-gap")
+    return args
+
+
+def pipeline_config(max_age: str) -> dict[str, Any]:
+    """The three streams: append, change (MERGE) and routed."""
+    common = {"auto_create": True, "commit_interval": "0s", "flush": {"max_bytes": 67108864, "max_age": max_age}}
+    return {
+        "streams": [
+            {
+                "name": APPEND_STREAM,
+                "table_identifier": APPEND_TABLE,
+                "schema": {
+                    "columns": [
+                        {"name": "event_id", "type": "long", "required": True},
+                        {"name": "amount", "type": "double"},
+                        {"name": "ts", "type": "timestamptz"},
+                    ]
+                },
+                **common,
+            },
+            {
+                "name": CHANGE_STREAM,
+                "table_identifier": CHANGE_TABLE,
+                "operation": "${/op}",
+                "identifier_columns": ["id"],
+                "schema": {
+                    "columns": [
+                        {"name": "id", "type": "long", "required": True},
+                        {"name": "balance", "type": "long"},
+                        {"name": "ts", "type": "timestamptz"},
+                    ],
+                    "partition_spec": [{"column": "id", "transform": "bucket[4]"}],
+                },
+                "table_properties": {"format-version": "2"},
+                **common,
+            },
+            {"name": ROUTED_STREAM, "table_identifier": "chaos.region_${/region}", **common},
+        ]
+    }
+
+
+@dataclass
+class Oracle:
+    """What the tables must hold: every event and change the producer landed."""
+
+    append_ids: int = 0
+    accounts: dict[int, int] = field(default_factory=dict)
+    routed: dict[str, list[int]] = field(default_factory=lambda: {region: [] for region in REGIONS})
+    routed_ids: int = 0
+
+
+class Producer(threading.Thread):
+    """Lands one chunk of each stream every ``--chunk-seconds`` for ``--seconds``, on a fixed schedule."""
+
+    def __init__(self, args: argparse.Namespace, oracle: Oracle) -> None:
+        super().__init__(name="producer", daemon=True)
+        self.args, self.oracle = args, oracle
+        self.rng = random.Random(args.seed * 7919)
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._produce()
+        except BaseException as error:  # noqa: BLE001 - reported by the main thread
+            self.error = error
+
+    def _produce(self) -> None:
+        from lakehouse_assets.ingest.landing import land_events
+        from lakehouse_assets.lakehouse import Lakehouse
+
+        lake = Lakehouse.from_env()
+        start = time.monotonic()
+        for index in range(max(1, round(self.args.seconds / self.args.chunk_seconds))):
+            delay = start + index * self.args.chunk_seconds - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            now = datetime.now(timezone.utc).isoformat()
+            land_events(lake.paths, lake.stream(APPEND_STREAM), self._appends(now))
+            land_events(lake.paths, lake.stream(CHANGE_STREAM), self._changes(now))
+            land_events(lake.paths, lake.stream(ROUTED_STREAM), self._routed(now))
+
+    def _appends(self, now: str) -> list[str]:
+        first, self.oracle.append_ids = self.oracle.append_ids, self.oracle.append_ids + self.args.events
+        return [json.dumps({"event_id": i, "amount": i / 4, "ts": now}) for i in range(first, self.oracle.append_ids)]
+
+    def _changes(self, now: str) -> list[str]:
+        lines = []
+        for _ in range(self.args.changes):
+            key = self.rng.randrange(self.args.keys)
+            if key not in self.oracle.accounts:
+                op, balance = "c", self.rng.randrange(1_000_000)
+            elif self.rng.random() < 0.2:
+                op, balance = "d", None
+            else:
+                op, balance = "u", self.rng.randrange(1_000_000)
+            if op == "d":
+                del self.oracle.accounts[key]
+            else:
+                self.oracle.accounts[key] = balance
+            lines.append(json.dumps({"op": op, "id": key, "balance": balance, "ts": now}))
+        return lines
+
+    def _routed(self, now: str) -> list[str]:
+        lines = []
+        for _ in range(self.args.events):
+            region, event_id = self.rng.choice(REGIONS), self.oracle.routed_ids
+            self.oracle.routed_ids += 1
+            self.oracle.routed[region].append(event_id)
+            lines.append(json.dumps({"region": region, "event_id": event_id, "ts": now}))
+        return lines
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def victims(work: dev.Workdir, kind: str) -> list[int]:
+    """Live processes of the runtime of one kind (found by their home in the environment)."""
+    mine = dev.processes_with_home(work.home)
+    hosts = [pid for pid in mine if "lakehouse_assets.engine.spark_host" in _cmdline(pid)]
+    if kind == "spark-host":
+        return hosts
+    if kind == "spark-jvm":
+        return [pid for pid in mine if "SparkSubmit" in _cmdline(pid) and _parent(pid) in hosts]
+    if kind == "run-worker":
+        return [pid for pid in mine if "execute_run" in _cmdline(pid)]
+    raise ValueError(kind)
+
+
+class Orchestrator:
+    """``dagster dev`` as a supervisor keeps it: started, killed whole, started again."""
+
+    def __init__(self, args: argparse.Namespace, work: dev.Workdir) -> None:
+        self.args, self.work = args, work
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def start(self) -> dict[str, float]:
+        self.port = dev.free_port()
+        since = time.time()
+        self.process = dev.start_dagster(self.args, self.work, self.port)
+        location, marks = dev.wait_until_ready(self.process, self.work, self.port, since, self.args.startup_timeout)
+        self.location = location
+        return marks
+
+    def kill(self) -> int:
+        assert self.process is not None
+        pgid = self.process.pid
+        os.killpg(pgid, signal.SIGKILL)
+        self.process.wait()
+        return pgid
+
+
+def chaos(args: argparse.Namespace, orchestrator: Orchestrator, deadline: float) -> list[dict[str, Any]]:
+    """Kill one process of the runtime every ``--min-gap``-``--max-gap`` s until ``deadline``."""
+    rng = random.Random(args.seed)
+    kills: list[dict[str, Any]] = []
+    moments, moment = [], time.monotonic()
+    while True:
+        moment += rng.uniform(args.min_gap, args.max_gap)
+        if moment >= deadline:
+            break
+        moments.append(moment)
+    orchestrator_at = set(rng.sample(range(len(moments)), min(args.orchestrator_kills, len(moments))))
+    for index, moment in enumerate(moments):
+        time.sleep(max(0.0, moment - time.monotonic()))
+        if index in orchestrator_at:
+            kills.append({"at": time.time(), "kind": "dagster-dev", "pid": orchestrator.kill()})
+            print(f"  kill {len(kills)}: dagster dev (whole process group); starting it again")
+            orchestrator.start()
+            continue
+        kinds = rng.sample(KINDS[:3], 3)
+        for kind in kinds:  # the drawn kind first; another when none of it runs at this moment
+            candidates = victims(orchestrator.work, kind)
+            if candidates:
+                pid = rng.choice(candidates)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                kills.append({"at": time.time(), "kind": kind, "pid": pid})
+                print(f"  kill {len(kills)}: {kind} {pid}")
+                break
+        else:
+            print(f"  (no process of the runtime to kill at {time.time():.0f})")
+    return kills
+
+
+def table_state(oracle: Oracle) -> dict[str, Any]:
+    """Every table against its oracle, read by DuckDB at its current snapshot."""
+    from lakehouse_assets.lakehouse import Lakehouse
+    from lakehouse_assets.quality.duck import iceberg_connection, scan
+
+    lake = Lakehouse.from_env()
+    duck = iceberg_connection()
+
+    def rows(identifier: str, sql: str) -> list[tuple] | None:
+        location = lake.metadata_location(identifier)
+        table = lake.table(identifier) if location else None
+        snapshot = table.current_snapshot() if table else None
+        if snapshot is None:
+            return None
+        return duck.sql(sql.format(table=scan(location, snapshot.snapshot_id))).fetchall()
+
+    appended = rows(
+        APPEND_TABLE, "SELECT count(*), count(DISTINCT event_id), min(event_id), max(event_id) FROM {table}"
+    )
+    accounts = rows(CHANGE_TABLE, "SELECT id, balance FROM {table} ORDER BY id")
+    state: dict[str, Any] = {
+        APPEND_TABLE: appended[0] if appended else None,
+        "append_ok": bool(appended) and appended[0] == (oracle.append_ids, oracle.append_ids, 0, oracle.append_ids - 1),
+        CHANGE_TABLE: len(accounts) if accounts is not None else None,
+        "changes_ok": accounts is not None
+        and dict(accounts) == oracle.accounts
+        and len(accounts) == len(oracle.accounts),
+        "routed_ok": True,
+    }
+    for region, expected in oracle.routed.items():
+        identifier = f"chaos.region_{region}"
+        found = rows(identifier, "SELECT event_id FROM {table} ORDER BY event_id")
+        ids = [row[0] for row in found] if found is not None else None
+        state[identifier] = len(ids) if ids is not None else None
+        state["routed_ok"] = state["routed_ok"] and ids == sorted(expected)
+    state["ok"] = state["append_ok"] and state["changes_ok"] and state["routed_ok"]
+    return state
+
+
+def runs_summary(instance: Any) -> dict[str, Any]:
+    """Runs by job and status, and every run not in a final state."""
+    counts: dict[str, int] = {}
+    left = []
+    for run in instance.get_runs():
+        key = f"{run.job_name} {run.status.value}"
+        counts[key] = counts.get(key, 0) + 1
+        if run.status.value not in FINAL_STATUSES:
+            left.append(f"{run.job_name} {run.status.value} {run.run_id}")
+    return {"by_job_and_status": dict(sorted(counts.items())), "not_final": left}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = make_workdir(args)
+    print(f"workdir {work.root}; seed {args.seed}")
+    orchestrator = Orchestrator(args, work)
+    oracle = Oracle()
+    result: dict[str, Any] = {"seed": args.seed, "args": {k: str(v) for k, v in vars(args).items()}}
+    try:
+        result["ready"] = orchestrator.start()
+        producer = Producer(args, oracle)
+        started = time.monotonic()
+        producer.start()
+        kills = chaos(args, orchestrator, started + args.seconds)
+        producer.join()
+        if producer.error is not None:
+            raise producer.error
+        last_kill = kills[-1]["at"] if kills else time.time()
+        print(f"  producer done; waiting for the drain (last kill {time.time() - last_kill:.0f} s ago)")
+        instance = dev.open_instance(work)
+        drained_at, state = None, {}
+        deadline = time.monotonic() + args.drain_timeout
+        idle_looks = 0
+        while time.monotonic() < deadline:
+            dev.ensure_running(orchestrator.process, work)
+            state = table_state(oracle)
+            idle_looks = idle_looks + 1 if state["ok"] and not runs_summary(instance)["not_final"] else 0
+            if idle_looks >= 2:  # two looks apart, so a run about to be launched is not missed
+                drained_at = time.time()
+                break
+            time.sleep(3)
+        result.update(
+            kills=kills,
+            kills_by_kind={kind: sum(1 for k in kills if k["kind"] == kind) for kind in KINDS},
+            tables=state,
+            runs=runs_summary(instance),
+            drained=drained_at is not None,
+            drain_seconds_after_last_kill=(drained_at - last_kill) if drained_at else None,
+            events={"append": oracle.append_ids, "routed": oracle.routed_ids, "live_keys": len(oracle.accounts)},
+        )
+    finally:
+        if orchestrator.process is not None:
+            dev.stop_dagster(orchestrator.process, work)
+    ok = bool(result.get("drained")) and result["tables"]["ok"] and not result["runs"]["not_final"]
+    result["ok"] = ok
+    print_report(result)
+    text = json.dumps(result, indent=2, default=str)
+    (work.root / "result.json").write_text(text)
+    if args.json_out:
+        args.json_out.write_text(text)
+    if ok and not args.keep:
+        dev.tidy(work, keep=False)
+    return 0 if ok else 1
+
+
+def make_workdir(args: argparse.Namespace) -> dev.Workdir:
+    """Temporary homes with the project's ``dagster.yaml`` and this benchmark's three streams; this
+    process's environment points at them (it reads the tables and the instance itself)."""
+    root = Path(tempfile.mkdtemp(prefix="lakehouse-chaos-"))
+    work = dev.Workdir(root, root / "home", root / "dagster", root / "lakehouse.yaml", root / "dagster-dev.log", {})
+    work.home.mkdir()
+    work.dagster_home.mkdir()
+    shutil.copy(args.project_root / "dagster.yaml", work.dagster_home / "dagster.yaml")
+    work.config_file.write_text(yaml.safe_dump(pipeline_config(args.max_age), sort_keys=False))
+    os.environ.update(
+        LAKEHOUSE_HOME=str(work.home), DAGSTER_HOME=str(work.dagster_home), LAKEHOUSE_CONFIG=str(work.config_file)
+    )
+    work.env.update(os.environ, PATH=f"{dev.BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    return work
+
+
+def print_report(result: dict[str, Any]) -> None:
+    print("=== chaos under dagster dev ===")
+    print(f"seed {result['seed']}; kills: {result.get('kills_by_kind')}")
+    tables = result.get("tables") or {}
+    print(f"tables equal to the oracle: {tables.get('ok')} ({ {k: v for k, v in tables.items() if '.' in k} })")
+    after = result.get("drain_seconds_after_last_kill")
+    print(f"drained: {result.get('drained')}" + (f", {after:.0f} s after the last kill" if after else ""))
+    runs = result.get("runs") or {}
+    print(f"runs: {runs.get('by_job_and_status')}")
+    print(f"runs left in a non-final state: {runs.get('not_final') or 'none'}")
+    print("OK" if result.get("ok") else "FAILED")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

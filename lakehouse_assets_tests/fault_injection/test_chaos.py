@@ -1,0 +1,36 @@
+"""The runtime heals itself where users run it: ``dagster dev`` with its Spark host, the host's JVM,
+run workers and the whole ``dagster dev`` SIGKILLed while an append, a change and a routed stream
+land events; with no operator action every event ends in its table exactly once (DuckDB against
+the producer's oracle) and no run is left queued or in progress.
+
+This is ``bench/chaos.py`` with a short schedule (the benchmark runs three minutes per seed)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_kills_of_every_runtime_process_under_dagster_dev_heal_without_an_operator(tmp_path):
+    """Long (about 3 minutes): ``dagster dev`` starts twice, events land for 75 s, then the drain."""
+    result_file = tmp_path / "chaos.json"
+    command = [sys.executable, str(PROJECT_ROOT / "bench" / "chaos.py"), "--seed", "3", "--seconds", "75"]
+    command += ["--min-gap", "8", "--max-gap", "12", "--events", "500", "--changes", "200", "--keys", "800"]
+    command += ["--drain-timeout", "240", "--json-out", str(result_file)]
+
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=PROJECT_ROOT)
+
+    assert result_file.exists(), finished.stdout[-3000:] + finished.stderr[-3000:]
+    result = json.loads(result_file.read_text())
+    report = finished.stdout[-3000:]
+    assert result["kills_by_kind"]["dagster-dev"] == 1, report
+    assert sum(result["kills_by_kind"].values()) >= 5, report
+    assert result["tables"]["append_ok"] and result["tables"]["changes_ok"] and result["tables"]["routed_ok"], report
+    assert result["drained"] and result["runs"]["not_final"] == [], report
+    assert finished.returncode == 0, report
