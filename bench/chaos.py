@@ -23,6 +23,7 @@ The result goes to ``<tmp>/result.json`` (and ``--json-out``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -48,6 +49,7 @@ CHANGE_STREAM, CHANGE_TABLE = "chaos_changes", "chaos.accounts"
 ROUTED_STREAM, REGIONS = "chaos_routed", ("eu", "us", "ap")
 KINDS = ("spark-host", "spark-jvm", "run-worker", "dagster-dev")
 FINAL_STATUSES = ("SUCCESS", "FAILURE", "CANCELED")
+VICTIM_WAIT_SECONDS = 5.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -204,8 +206,15 @@ def victims(work: dev.Workdir, kind: str) -> list[int]:
         return hosts
     if kind == "spark-jvm":
         return [pid for pid in mine if "SparkSubmit" in _cmdline(pid) and _parent(pid) in hosts]
-    if kind == "run-worker":
-        return [pid for pid in mine if "execute_run" in _cmdline(pid)]
+    if kind == "run-worker":  # the process holding a run's liveness lock, which names its process id
+        from lakehouse_assets.run_liveness import RunProcess, liveness_label, run_process
+
+        pids = set()
+        for lock in (work.home / "state" / "runs").glob("*.lock"):
+            if run_process(liveness_label(lock)) is RunProcess.ALIVE:
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    pids.add(int(lock.read_text().split()[0]))
+        return sorted(pids & set(mine))
     raise ValueError(kind)
 
 
@@ -221,7 +230,10 @@ class Orchestrator:
         self.port = dev.free_port()
         since = time.time()
         self.process = dev.start_dagster(self.args, self.work, self.port)
-        location, marks = dev.wait_until_ready(self.process, self.work, self.port, since, self.args.startup_timeout)
+        sensor = f"{APPEND_STREAM}_landing_sensor"
+        location, marks = dev.wait_until_ready(
+            self.process, self.work, self.port, since, self.args.startup_timeout, sensor
+        )
         self.location = location
         return marks
 
@@ -252,8 +264,12 @@ def chaos(args: argparse.Namespace, orchestrator: Orchestrator, deadline: float)
             orchestrator.start()
             continue
         kinds = rng.sample(KINDS[:3], 3)
-        for kind in kinds:  # the drawn kind first; another when none of it runs at this moment
+        for kind in kinds:  # the drawn kind first (waiting a few seconds for one); another if none runs
             candidates = victims(orchestrator.work, kind)
+            waited_until = time.monotonic() + (VICTIM_WAIT_SECONDS if kind == kinds[0] else 0)
+            while not candidates and time.monotonic() < waited_until:
+                time.sleep(0.2)
+                candidates = victims(orchestrator.work, kind)
             if candidates:
                 pid = rng.choice(candidates)
                 try:

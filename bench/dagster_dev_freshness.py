@@ -298,9 +298,14 @@ def latest_tick(port: int, location: Location, sensor: str) -> dict[str, Any] | 
 
 
 def wait_until_ready(
-    process: subprocess.Popen[bytes], work: Workdir, port: int, since: float, timeout: float
+    process: subprocess.Popen[bytes],
+    work: Workdir,
+    port: int,
+    since: float,
+    timeout: float,
+    sensor: str = LANDING_SENSOR,
 ) -> tuple[Location, dict[str, float]]:
-    """Wait for the webserver, the loaded code location and a landing sensor tick after ``since``."""
+    """Wait for the webserver, the loaded code location and a tick of ``sensor`` after ``since``."""
     deadline = time.monotonic() + timeout
     marks: dict[str, float] = {}
     location: Location | None = None
@@ -316,11 +321,11 @@ def wait_until_ready(
                 if location is not None:
                     marks["code_location"] = time.time() - since
             if location is not None:
-                tick = latest_tick(port, location, LANDING_SENSOR)
+                tick = latest_tick(port, location, sensor)
                 if tick and tick["timestamp"] >= since:
                     marks["first_sensor_tick"] = tick["timestamp"] - since
                     if tick["status"] == "FAILURE":
-                        print(f"WARNING: first {LANDING_SENSOR} tick failed: {(tick['error'] or {}).get('message')}")
+                        print(f"WARNING: first {sensor} tick failed: {(tick['error'] or {}).get('message')}")
                     return location, marks
         except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError, GraphQLError) as error:
             last_error = str(error)
