@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 export LAKEHOUSE_HOME ?= $(CURDIR)/.lakehouse
 export DAGSTER_HOME ?= $(LAKEHOUSE_HOME)/dagster
+# The Dagster UI's port: `make ui PORT=3001`.
+PORT ?= 3000
 
 .PHONY: run test unit ui lint bench clean
 
@@ -24,8 +26,8 @@ unit: $(BIN)/lakehouse
 	$(BIN)/pytest -m "not spark"
 
 ui: $(BIN)/lakehouse
-	mkdir -p $(DAGSTER_HOME) && cp -n dagster.yaml $(DAGSTER_HOME)/ || true
-	$(BIN)/dagster dev -w workspace.yaml
+	$(BIN)/python -m lakehouse_assets.instance_settings
+	$(BIN)/dagster dev -w workspace.yaml -p $(PORT)
 
 bench: $(BIN)/lakehouse
 	$(BIN)/python bench/pipeline_throughput.py

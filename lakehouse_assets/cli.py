@@ -1,4 +1,4 @@
-"""The ``lakehouse`` command: ingest, run, maintain, check, dlq replay, source reload, audit, status, demo.
+"""The ``lakehouse`` command: init, ingest, run, maintain, check, dlq replay, source reload, audit, status, sql, demo.
 
 This module parses the arguments and imports the commands (and Dagster with them) only then, so
 ``lakehouse run --until-idle`` starts its Spark JVM first, on a thread, while Dagster loads.
@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+from datetime import datetime, timezone
+from pathlib import Path
 
 from lakehouse_assets.engine.spark import start_jvm_in_background
 from lakehouse_assets.errors import LakehouseError
@@ -17,8 +19,18 @@ from lakehouse_assets.lakehouse import Lakehouse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lakehouse", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="lakehouse",
+        description="Stream events and change data into Apache Iceberg tables, exactly once: land events, "
+        "run the pipeline, query, check and maintain the tables.",
+        epilog="Settings: LAKEHOUSE_CONFIG (default ./lakehouse.yaml), LAKEHOUSE_HOME (default ./.lakehouse).",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
+    init = commands.add_parser(
+        "init", help="start a project directory: lakehouse.yaml, workspace.yaml and the Dagster instance settings"
+    )
+    init.add_argument("directory", nargs="?", default=".", type=Path, help="default: the current directory")
+    init.set_defaults(handler="init")
     ingest = commands.add_parser("ingest", help="land NDJSON events for a stream")
     ingest.add_argument("--stream", required=True)
     ingest.add_argument("file", nargs="?", default="-", help="NDJSON file, or - for standard input")
@@ -58,10 +70,34 @@ def build_parser() -> argparse.ArgumentParser:
     discard.add_argument("--table", required=True, help="namespace.table")
     discard.set_defaults(handler="audit_discard")
 
+    sql = commands.add_parser(
+        "sql",
+        help="query the tables with DuckDB by their Iceberg names (no JVM)",
+        description="Query the tables by their Iceberg names, e.g. "
+        'lakehouse sql "SELECT * FROM sales.orders_dead_letters". Without a query, read statements '
+        "(each ending with ;) from standard input.",
+    )
+    sql.add_argument("query", nargs="?", help="a SQL query; omitted: an interactive session")
+    moment = sql.add_mutually_exclusive_group()
+    moment.add_argument("--snapshot", type=int, help="read the table that has this snapshot id as of it")
+    moment.add_argument("--at", type=_timestamp, help="read every table as it was at this time (ISO 8601, UTC)")
+    shape = sql.add_mutually_exclusive_group()
+    shape.add_argument("--json", dest="output", action="store_const", const="json", help="a JSON array of rows")
+    shape.add_argument("--csv", dest="output", action="store_const", const="csv", help="CSV with a header")
+    sql.set_defaults(handler="sql", output="table")
+
     demo = commands.add_parser("demo", help="generate sample events, run until idle, summarize")
     demo.add_argument("--events", type=int, default=10_000)
     demo.set_defaults(handler="demo")
     return parser
+
+
+def _timestamp(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r} (e.g. 2026-11-28T09:30:00)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,6 +110,15 @@ def main(argv: list[str] | None = None) -> int:
                 # The writer run's JVM starts while Dagster is imported and loads its instance
                 # and definitions (about 2.5 s of a cold run), instead of after.
                 start_jvm_in_background(lake.config)
+        if args.handler == "init":
+            from lakehouse_assets.ops.init import init_project
+
+            print("\n".join(init_project(args.directory)))
+            return 0
+        if args.handler == "sql":  # DuckDB only: no Dagster to import
+            from lakehouse_assets.ops.sql import sql_session
+
+            return sql_session(Lakehouse.from_env(), args.query, args.output, args.snapshot, args.at)
         # Imported only now: Dagster's import is part of what the JVM's start overlaps.
         from lakehouse_assets import commands
 

@@ -14,7 +14,7 @@ from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import blocking_check_names
 from lakehouse_assets.demo import run_demo
-from lakehouse_assets.errors import ConfigError
+from lakehouse_assets.errors import ConfigError, IngestError
 from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.replay import replay_dead_letters
@@ -33,7 +33,13 @@ def ingest(args: argparse.Namespace) -> int:
     if args.file == "-":
         landed = land_events(lake.paths, stream, sys.stdin.buffer, origin="stdin")
     else:
-        with open(args.file, "rb") as handle:
+        try:
+            handle = open(args.file, "rb")  # noqa: SIM115 - closed below; opening is what can fail here
+        except OSError as error:
+            raise IngestError(
+                f"cannot read {args.file}: {error.strerror}; give an NDJSON file, or - for standard input"
+            ) from None
+        with handle:
             landed = land_events(lake.paths, stream, handle, origin=args.file)
     for path in landed:
         print(f"landed {path}")

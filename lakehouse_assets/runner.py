@@ -8,22 +8,19 @@ triggers say, so "idle" means nothing is pending.
 
 from __future__ import annotations
 
-import os
-import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import dagster as dg
 
 from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs.resources import LakehouseResource
+from lakehouse_assets.instance_settings import dagster_home, ensure_instance_settings
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.run_liveness import LIVENESS_TAG, RunProcess, release_run_lock, run_process
 
-DAGSTER_HOME_ENV = "DAGSTER_HOME"
-INSTANCE_SETTINGS = "dagster.yaml"
 RUN_KEY_TAG = "dagster/run_key"
 SENSOR_NAME_TAG = "dagster/sensor_name"
 # Step-by-step events still go to the instance (and the UI); the console shows warnings and errors.
@@ -117,15 +114,12 @@ def run_job(
 
 
 def dagster_instance(paths: LakehousePaths) -> dg.DagsterInstance:
-    """The Dagster instance at ``$DAGSTER_HOME``, by default ``$LAKEHOUSE_HOME/dagster``.
-
-    A new home gets a copy of the project's ``dagster.yaml`` (run queue, pools) when one is in
-    the working directory, so ``dagster dev`` on the same home sees the same settings and runs.
-    """
-    home = Path(os.environ.setdefault(DAGSTER_HOME_ENV, str(paths.dagster_home)))
-    home.mkdir(parents=True, exist_ok=True)
-    if not (home / INSTANCE_SETTINGS).exists() and Path(INSTANCE_SETTINGS).is_file():
-        shutil.copy(INSTANCE_SETTINGS, home / INSTANCE_SETTINGS)
+    """The Dagster instance at ``$DAGSTER_HOME``, by default ``$LAKEHOUSE_HOME/dagster``, with the
+    project's instance settings (``ensure_instance_settings``), so ``dagster dev`` on the same home
+    sees the same settings and runs."""
+    note = ensure_instance_settings(dagster_home(paths))
+    if note:
+        print(note, file=sys.stderr)
     return dg.DagsterInstance.get()
 
 

@@ -67,6 +67,22 @@ def test_unstaged_batches_are_requested_again_under_the_same_run_key(lake, insta
     assert len(lake.ledger("orders").batches()) == 1
 
 
+def test_a_batch_whose_writer_run_is_in_progress_is_named_on_the_tick_instead_of_requested(lake, instance):
+    old = time.time() - 120
+    landed = land_events(lake.paths, lake.stream("orders"), [order_event(1)])
+    os.utime(landed[0], (old, old))
+    [request] = _tick(lake.config, instance, names.landing_sensor_name("orders")).run_requests
+    run = instance.create_run_for_job(dg.GraphDefinition("orders_stage_job").to_job(), tags=request.tags)
+    instance.report_dagster_event(
+        dg.DagsterEvent(event_type_value=dg.DagsterEventType.RUN_START.value, job_name=run.job_name), run.run_id
+    )
+
+    tick = _tick(lake.config, instance, names.landing_sensor_name("orders"), cursor="1")
+
+    assert tick.run_requests == []
+    assert tick.skip_message == f"batch orders:1 waits for writer run {run.run_id} (STARTED)"
+
+
 def test_commit_sensor_skips_without_staged_batches(config, instance):
     tick = _tick(config, instance, names.staged_sensor_name("sales.orders"))
     assert tick.skip_message == "no staged batches are ready to commit"

@@ -79,7 +79,17 @@ def test_writer_runs_stage_and_commit_on_one_warm_host(lake, instance, stops_hos
     commits = lakehouse_commits(lake.table("sales.orders"))
     assert [(c.first_sequence, c.last_sequence, c.rows) for c in commits] == [(1, 1, 100), (2, 2, 50)]
     table_key = names.table_key("sales.orders")
-    assert instance.get_latest_materialization_event(table_key).asset_materialization.metadata["rows"].value == 50
+    metadata = instance.get_latest_materialization_event(table_key).asset_materialization.metadata
+    assert metadata["rows"].value == 50
+    # Dagster's standard table metadata, which the UI shows on the table's page.
+    assert metadata[names.ROW_COUNT_METADATA].value == 150
+    assert metadata[names.TABLE_NAME_METADATA].value == "lake.sales.orders"
+    assert metadata[names.URI_METADATA].value.endswith("sales/orders")
+    columns = metadata[names.COLUMN_SCHEMA_METADATA].value.columns
+    assert [(c.name, c.type, c.constraints.nullable) for c in columns][:2] == [
+        ("order_id", "long", False),
+        ("customer_id", "long", True),
+    ]
     for check_name in names.CHECK_NAMES:
         record = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(table_key, check_name))
         assert record.status.value == "SUCCEEDED", check_name

@@ -7,6 +7,7 @@ from datetime import date, timedelta
 import dagster as dg
 from pyiceberg.table import Table
 
+from lakehouse_assets.catalog.table_metadata import CATALOG_NAME
 from lakehouse_assets.commit.branches import AuditState
 from lakehouse_assets.commit.committer import CommitOutcome, CommitResult, commit_table, seconds_until_commit_due
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
@@ -306,7 +307,33 @@ def commits_metadata(
         context.log_event(dg.AssetMaterialization(names.table_key(table_identifier), metadata=commit_metadata(result)))
     if lake.config.audits(table_identifier):
         after["branch"] = AUDIT_BRANCH
-    return commit_metadata(outcome.results[-1]) | after | _run_ranges(outcome)
+    keys = [column for stream in streams for column in stream.identifier_columns]
+    standard = standard_table_metadata(table_identifier, table, keys) if table else {}
+    return commit_metadata(outcome.results[-1]) | after | _run_ranges(outcome) | standard
+
+
+def standard_table_metadata(table_identifier: str, table: Table, identifier_columns: list[str]) -> dict:
+    """Dagster's standard table metadata: live rows (records less position deletes; the pipeline
+    writes no equality deletes), the columns with their Iceberg types (identifier columns marked),
+    the table's name in catalog ``lake`` and its location."""
+    snapshot = table.current_snapshot()
+    summary = snapshot.summary.additional_properties if snapshot and snapshot.summary else {}
+    rows = int(summary.get("total-records", "0")) - int(summary.get("total-position-deletes", "0"))
+    columns = [
+        dg.TableColumn(
+            name=field.name,
+            type=str(field.field_type),
+            description="identifier column" if field.name in identifier_columns else field.doc,
+            constraints=dg.TableColumnConstraints(nullable=not field.required, unique=False),
+        )
+        for field in table.schema().fields
+    ]
+    return {
+        names.ROW_COUNT_METADATA: rows,
+        names.COLUMN_SCHEMA_METADATA: dg.TableSchema(columns=columns),
+        names.TABLE_NAME_METADATA: f"{CATALOG_NAME}.{table_identifier}",
+        names.URI_METADATA: table.location(),
+    }
 
 
 def sequence_gap_evaluation(asset_key: dg.AssetKey, gap: SequenceGapError) -> dg.AssetCheckEvaluation:

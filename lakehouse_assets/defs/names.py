@@ -29,6 +29,12 @@ WILL_RETRY_TAG = "dagster/will_retry"
 RETRY_NUMBER_TAG = "dagster/retry_number"
 MAX_RETRIES_TAG = "dagster/max_retries"
 
+# Dagster's standard metadata keys: the asset catalog, search and column lineage read them.
+ROW_COUNT_METADATA = "dagster/row_count"
+COLUMN_SCHEMA_METADATA = "dagster/column_schema"
+TABLE_NAME_METADATA = "dagster/table_name"
+URI_METADATA = "dagster/uri"
+
 SCHEMA_CHECK = "schema_matches_declared"
 ROW_COUNT_CHECK = "rows_reconcile_with_batches"
 SEQUENCE_CHECK = "batch_ranges_contiguous"

@@ -88,7 +88,8 @@ def unstaged_batch_request(
     instance: dg.DagsterInstance, batch: MintedBatch, now: float
 ) -> tuple[dg.RunRequest | None, str | None]:
     """The request for a minted batch that is not staged yet, under the sensor daemon, and what to
-    tell the operator (None when all is well).
+    tell the operator on the tick (None when all is well). No request while the batch's latest
+    writer run is queued or in progress: the note names it.
 
     The daemon launches a run key once and Dagster retries a failed run at most ``max_retries``
     times, so the batch is requested under the run key of its latest attempt (a duplicate the
@@ -102,10 +103,17 @@ def unstaged_batch_request(
     )
     latest = records[0].dagster_run if records else None
     retry = int(latest.tags.get(names.WRITER_RETRY_TAG, "0")) if latest else 0
-    if latest is None or latest.status not in FAILED:
+    if latest is None:
         return writer_run_request(batch, retry), None
+    if latest.status in IN_PROGRESS:
+        # The daemon would skip the request as a run key already used, and the tick would say
+        # "0 runs requested" with the reason in the daemon's log only.
+        return (
+            None,
+            f"batch {batch.stream}:{batch.sequence} waits for writer run {latest.run_id} ({latest.status.value})",
+        )
     failed_at = records[0].end_time or records[0].update_timestamp.timestamp()
-    if not _retries_exhausted(instance, latest, failed_at, now):
+    if latest.status not in FAILED or not _retries_exhausted(instance, latest, failed_at, now):
         return writer_run_request(batch, retry), None
     backoff = writer_retry_backoff(retry + 1)
     failure = f"batch {batch.stream}:{batch.sequence}: writer run {latest.run_id} failed and Dagster will not retry it"
@@ -172,7 +180,8 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
                 requests += [request] if request else []
                 notes += [note] if note else []
             for note in notes:
-                context.log.warning(note)
+                if "failed" in note:
+                    context.log.warning(note)
             if not requests:
                 return dg.SkipReason("; ".join(notes))
             _start_spark_host_early(context, lake)
