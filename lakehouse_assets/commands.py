@@ -103,8 +103,9 @@ def maintain(args: argparse.Namespace) -> int:
         for job_name, op_name, run_config, covered in _maintenance_runs(lake.config, tables):
             result = run_job(repository.get_job(job_name), instance, run_config)
             for observation in result.asset_observations_for_node(op_name):
-                figures = ", ".join(f"{key} {entry.value}" for key, entry in observation.metadata.items())
-                print(f"{observation.asset_key.to_user_string().replace('/', '.')}: {figures}")
+                print(f"{observation.asset_key.to_user_string().replace('/', '.')}:")
+                for key, entry in observation.metadata.items():
+                    print(f"  {key.replace('_', ' ')}: {entry.value}")
             if not result.success:
                 failed += 1
                 print(f"{', '.join(covered)}: maintenance run {result.run_id} FAILED; see `dagster dev` for its logs")
@@ -158,6 +159,12 @@ def check(args: argparse.Namespace) -> int:
 
 def dlq_replay(args: argparse.Namespace) -> int:
     report = replay_dead_letters(Lakehouse.from_env(), args.table, args.reason)
+    if report.landed and not args.reason:
+        print(
+            "note: every dead letter of the table was landed again; those whose cause is not fixed yet (the "
+            "configuration, the table) come back as dead letters with their new reason. Use --reason TEXT to "
+            "replay only the ones a fix addresses."
+        )
     for stream, count in report.landed.items():
         print(f"stream {stream}: {count} dead letters landed again; they leave the dead-letter table when they commit")
     if not report.landed:
@@ -195,7 +202,8 @@ def _print_status(entries: list[dict]) -> None:
         for stream in entry["streams"]:
             print(
                 f"  stream {stream['stream']}: committed through batch {stream['committed_sequence']}; "
-                f"{stream['batches_staged']} staged and {stream['batches_minted']} minted batches waiting; "
+                f"{stream['batches_staged']} batches staged (written, awaiting their commit) and "
+                f"{stream['batches_minted']} cut (files chosen, awaiting their writer run); "
                 f"{stream['landing_files_pending']} landing files ({stream['landing_bytes_pending']} bytes) not "
                 f"batched; lag {stream['lag_seconds']:.0f}s (max_lag {stream['max_lag_seconds']:g}s)"
             )

@@ -6,9 +6,11 @@ the key, for example ``stream 'orders': flush.max_age: invalid duration '5 minut
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import re
+import typing
 from datetime import date
 from importlib import resources
 from pathlib import Path
@@ -651,21 +653,63 @@ def routed_stream(router: StreamSpec, table_identifier: str, route_directory: Pa
 
 
 def _describe_error(raw: Any, error: dict[str, Any]) -> str:
+    """One problem as ``stream 'name': key.path: message``; list items by their ``name`` (or
+    ``column``) where they have one, and an unknown key with the known key it most resembles."""
     location = list(error["loc"])
     prefix = ""
+    node = raw
     if len(location) >= 2 and location[0] == "streams" and isinstance(location[1], int):
-        index = location[1]
         streams = raw.get("streams") if isinstance(raw, dict) else None
-        name = None
-        if isinstance(streams, list) and index < len(streams) and isinstance(streams[index], dict):
-            name = streams[index].get("name")
-        prefix = f"stream {name!r}: " if name else f"stream #{index + 1}: "
+        node = streams[location[1]] if isinstance(streams, list) and location[1] < len(streams) else None
+        name = node.get("name") if isinstance(node, dict) else None
+        prefix = f"stream {name!r}: " if name else f"stream #{location[1] + 1}: "
         location = location[2:]
-    key = ".".join(str(part) for part in location if not str(part).startswith("function-"))
+    key = ""
+    for part in location:
+        if str(part).startswith("function-"):
+            continue
+        if isinstance(part, int):
+            element = node[part] if isinstance(node, list) and part < len(node) else None
+            label = next((element[k] for k in ("name", "column") if isinstance(element, dict) and k in element), None)
+            key += f"[{label}]" if isinstance(label, str) else f"[{part}]"
+            node = element
+        else:
+            key += f".{part}" if key else str(part)
+            node = node.get(part) if isinstance(node, dict) else None
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         message = "unknown key"
+        close = difflib.get_close_matches(str(location[-1]), _known_keys(), n=1, cutoff=0.7)
+        if close:
+            message += f"; did you mean {close[0]!r}?"
     return f"{prefix}{key + ': ' if key else ''}{message}"
+
+
+@functools.cache
+def _known_keys() -> tuple[str, ...]:
+    """Every key of the configuration's models (field names and aliases)."""
+    keys: set[str] = set()
+    pending: list[type[BaseModel]] = [LakehouseConfig]
+    seen: set[type[BaseModel]] = set()
+    while pending:
+        model = pending.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            keys.update(filter(None, (name, field.alias)))
+            for argument in _types_in(field.annotation):
+                if isinstance(argument, type) and issubclass(argument, BaseModel):
+                    pending.append(argument)
+    return tuple(sorted(keys))
+
+
+def _types_in(annotation: Any) -> list[Any]:
+    """``annotation`` and every type argument in it (``list[X] | None`` gives X)."""
+    found = [annotation]
+    for argument in typing.get_args(annotation):
+        found += _types_in(argument)
+    return found
 
 
 def parse_config(raw: Any, origin: str = "<config>") -> LakehouseConfig:

@@ -20,7 +20,7 @@ def test_packaged_demo_config_is_used_without_a_file(monkeypatch, tmp_path):
     ("change", "message"),
     [
         ({"flush": {"max_age": "5 minutes"}}, "stream 'orders': flush.max_age: invalid duration '5 minutes'"),
-        ({"flsh": {}}, "stream 'orders': flsh: unknown key"),
+        ({"flsh": {}}, "stream 'orders': flsh: unknown key; did you mean 'flush'?"),
         ({"table_identifier": "orders"}, "stream 'orders': table_identifier: 'orders' is not of the form"),
         (
             {"operation": "${/op}"},
@@ -43,7 +43,7 @@ def test_packaged_demo_config_is_used_without_a_file(monkeypatch, tmp_path):
         ),
         (
             {"schema": {"columns": [{"name": "a", "type": "varchar"}]}},
-            "stream 'orders': schema.columns.0.type: unsupported type 'varchar'",
+            "stream 'orders': schema.columns[a].type: unsupported type 'varchar'",
         ),
         (
             {"schema": {"columns": [{"name": "a", "type": "long"}], "partition_spec": [{"column": "b"}]}},
@@ -97,7 +97,7 @@ def test_packaged_demo_config_is_used_without_a_file(monkeypatch, tmp_path):
         ({"publish": "staged"}, "stream 'orders': publish: Input should be 'direct' or 'audit'"),
         (
             {"expectations": [{"name": "positive", "condition": "amount > 0", "on_failure": "drop"}]},
-            "stream 'orders': expectations.0.on_failure: Input should be 'block' or 'dead_letter'",
+            "stream 'orders': expectations[positive].on_failure: Input should be 'block' or 'dead_letter'",
         ),
         (
             {"expectations": [{"name": "p", "condition": "amount > 0"}, {"name": "p", "condition": "amount < 9"}]},

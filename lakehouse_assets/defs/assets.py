@@ -307,7 +307,7 @@ def commits_metadata(
         context.log_event(dg.AssetMaterialization(names.table_key(table_identifier), metadata=commit_metadata(result)))
     if lake.config.audits(table_identifier):
         after["branch"] = AUDIT_BRANCH
-    keys = [column for stream in streams for column in stream.identifier_columns]
+    keys = [column for stream in streams for column in stream.identifier_columns or []]
     standard = standard_table_metadata(table_identifier, table, keys) if table else {}
     return commit_metadata(outcome.results[-1]) | after | _run_ranges(outcome) | standard
 

@@ -78,6 +78,14 @@ def connect(
     return connection
 
 
+def view_names(connection: duckdb.DuckDBPyConnection) -> list[str]:
+    """The tables ``connect`` made queryable, as ``namespace.table``."""
+    rows = connection.sql(
+        "SELECT schema_name || '.' || view_name FROM duckdb_views() WHERE NOT internal ORDER BY 1"
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
 def run_query(connection: duckdb.DuckDBPyConnection, query: str, known: list[str]) -> QueryResult:
     """Run ``query``; a QueryError with DuckDB's message (and the known tables when one is missing)."""
     try:
@@ -142,12 +150,7 @@ def sql_session(
     """Run ``query``, or an interactive session reading statements from standard input when it is
     None; returns the exit code (a failed statement of a session is reported and the session goes on)."""
     connection = connect(lake, snapshot_id, as_of)
-    known = [
-        row[0]
-        for row in connection.sql(
-            "SELECT schema_name || '.' || table_name FROM duckdb_views() WHERE NOT internal ORDER BY 1"
-        ).fetchall()
-    ]
+    known = view_names(connection)
     if query is not None:
         write_result(run_query(connection, query, known), output_format)
         return 0
