@@ -30,6 +30,10 @@ def iceberg_runtime_jar() -> str:
     return str(resources.files(ICEBERG_JAR_PACKAGE).joinpath("jars", ICEBERG_RUNTIME_JAR))
 
 
+def _log_settings() -> str:
+    return str(resources.files("lakehouse_assets.engine").joinpath("log4j2.properties"))
+
+
 def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
     """JVM-wide settings: the Iceberg runtime jar, UTC, small shuffles, then the config's ``spark`` map.
 
@@ -55,6 +59,8 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
         # A JSON object with a key twice, or map keys that coerce alike, keep the last value
         # instead of failing the job.
         "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
+        # Warnings and errors only, without local Spark's start-up notices (log4j2.properties).
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log_settings()}",
     }
     conf.update(config.spark)
     if "spark.jars.packages" not in config.spark:
