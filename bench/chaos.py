@@ -9,12 +9,13 @@ it starts ``dagster dev`` with three streams: an append stream (``chaos.events``
 stream (``chaos.region_<region>``, one table per region). Every ``--chunk-seconds`` it lands a chunk
 of each stream (``land_events``: write, fsync, rename, as ``lakehouse ingest`` does). Meanwhile, at
 seeded random intervals of ``--min-gap``-``--max-gap`` seconds, it SIGKILLs one process of the
-runtime: the Spark host, the host's JVM, a run worker, or (at least once, ``--orchestrator-kills``)
-the whole ``dagster dev`` process group, which it then starts again as an operator's supervisor
-would. After the last chunk it waits, up to ``--drain-timeout``, until DuckDB reads every table
+runtime (or, for ``--sigterm-share`` of them, sends SIGTERM as a supervisor stopping it would): the
+Spark host, the host's JVM, a run worker, or (at least once, ``--orchestrator-kills``) the whole
+``dagster dev`` process group, which it then starts again as an operator's supervisor would. After the last chunk it waits, up to ``--drain-timeout``, until DuckDB reads every table
 equal to its oracle (the append ids once each; the key model of the changes applied in order; each
 region's ids once each) and no run is queued or in progress, then reports the kills, the drain
-time after the last kill and every run left in a non-final state.
+time after the last kill, every run left in a non-final state, and which processes of ``dagster
+dev`` were still alive 30 s after the SIGTERM that stops it.
 
 Exit code 1 when a table differs from its oracle, the drain timed out, or a run was left in progress.
 The result goes to ``<tmp>/result.json`` (and ``--json-out``).
@@ -63,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-gap", type=float, default=10, help="fewest seconds between kills")
     parser.add_argument("--max-gap", type=float, default=20, help="most seconds between kills")
     parser.add_argument("--orchestrator-kills", type=int, default=1, help="kills of the whole dagster dev")
+    parser.add_argument("--sigterm-share", type=float, default=0.25, help="share of SIGTERM among the other kills")
     parser.add_argument("--drain-timeout", type=float, default=300, help="seconds to wait after the last chunk")
     parser.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for dagster dev")
     parser.add_argument("--max-age", default="10s", help="flush.max_age of every stream")
@@ -272,12 +274,15 @@ def chaos(args: argparse.Namespace, orchestrator: Orchestrator, deadline: float)
                 candidates = victims(orchestrator.work, kind)
             if candidates:
                 pid = rng.choice(candidates)
+                # Mostly SIGKILL (a crash); now and then SIGTERM (a supervisor stopping it), which
+                # must end the process cleanly and lose nothing either.
+                sent = signal.SIGTERM if rng.random() < args.sigterm_share else signal.SIGKILL
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, sent)
                 except ProcessLookupError:
                     continue
-                kills.append({"at": time.time(), "kind": kind, "pid": pid})
-                print(f"  kill {len(kills)}: {kind} {pid}")
+                kills.append({"at": time.time(), "kind": kind, "pid": pid, "signal": sent.name})
+                print(f"  kill {len(kills)}: {kind} {pid} ({sent.name})")
                 break
         else:
             print(f"  (no process of the runtime to kill at {time.time():.0f})")
@@ -368,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         result.update(
             kills=kills,
             kills_by_kind={kind: sum(1 for k in kills if k["kind"] == kind) for kind in KINDS},
+            sigterms=sum(1 for k in kills if k.get("signal") == "SIGTERM"),
             tables=state,
             runs=runs_summary(instance),
             drained=drained_at is not None,
@@ -376,7 +382,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         if orchestrator.process is not None:
-            dev.stop_dagster(orchestrator.process, work)
+            # SIGTERM to the whole dagster dev first; what was still alive 30 s later was SIGKILLed.
+            # The Spark host (and its JVM) outlives dagster dev by design, until its idle timeout.
+            host = set(victims(work, "spark-host") + victims(work, "spark-jvm"))
+            result["left_after_sigterm"] = sorted(set(dev.stop_dagster(orchestrator.process, work)) - host)
     ok = bool(result.get("drained")) and result["tables"]["ok"] and not result["runs"]["not_final"]
     result["ok"] = ok
     print_report(result)
@@ -407,7 +416,7 @@ def make_workdir(args: argparse.Namespace) -> dev.Workdir:
 
 def print_report(result: dict[str, Any]) -> None:
     print("=== chaos under dagster dev ===")
-    print(f"seed {result['seed']}; kills: {result.get('kills_by_kind')}")
+    print(f"seed {result['seed']}; kills: {result.get('kills_by_kind')}, {result.get('sigterms')} of them SIGTERM")
     tables = result.get("tables") or {}
     print(f"tables equal to the oracle: {tables.get('ok')} ({ {k: v for k, v in tables.items() if '.' in k} })")
     after = result.get("drain_seconds_after_last_kill")
@@ -415,6 +424,7 @@ def print_report(result: dict[str, Any]) -> None:
     runs = result.get("runs") or {}
     print(f"runs: {runs.get('by_job_and_status')}")
     print(f"runs left in a non-final state: {runs.get('not_final') or 'none'}")
+    print(f"processes still alive 30 s after SIGTERM to dagster dev: {result.get('left_after_sigterm') or 'none'}")
     print("OK" if result.get("ok") else "FAILED")
 
 
