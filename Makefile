@@ -20,6 +20,7 @@ run: $(BIN)/lakehouse
 
 test: $(BIN)/lakehouse
 	$(BIN)/ruff check lakehouse_assets lakehouse_assets_tests bench
+	$(BIN)/mypy
 	$(BIN)/pytest
 
 unit: $(BIN)/lakehouse

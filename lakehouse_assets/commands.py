@@ -29,7 +29,7 @@ def ingest(args: argparse.Namespace) -> int:
     lake = Lakehouse.from_env()
     stream = lake.stream(args.stream)
     if stream.iceberg_source:
-        raise ConfigError(f"stream {stream.name!r} takes its events from Iceberg table {stream.iceberg_source.table}")
+        raise ConfigError(f"stream {stream.name!r} takes its events from Iceberg table {stream.source_table.table}")
     if args.file == "-":
         landed = land_events(lake.paths, stream, sys.stdin.buffer, origin="stdin")
     else:
@@ -72,7 +72,8 @@ def _selected_tables(config: LakehouseConfig, table: str | None) -> list[str]:
 def _by_router(config: LakehouseConfig, tables: list[str]) -> tuple[list[str], dict[str, list[str]]]:
     """``tables`` split into those with a committer of their own and, per router, those its one
     committer drives (``LakehouseConfig.router_of``)."""
-    own, routed = [], {}
+    own: list[str] = []
+    routed: dict[str, list[str]] = {}
     for table in tables:
         router = config.router_of(table)
         if router:
@@ -86,7 +87,9 @@ def _maintenance_runs(config: LakehouseConfig, tables: list[str]) -> list[tuple[
     """The maintenance runs that cover ``tables``: (job, op, run config, tables) per table, and one
     per router for the tables its committer drives."""
     own, routed = _by_router(config, tables)
-    runs = [(names.maintenance_job_name(table), names.maintenance_op_name(table), {}, [table]) for table in own]
+    runs: list[tuple[str, str, dict, list[str]]] = [
+        (names.maintenance_job_name(table), names.maintenance_op_name(table), {}, [table]) for table in own
+    ]
     for router, selected in routed.items():
         op = names.routed_maintenance_op_name(router)
         run_config = {"ops": {op: {"config": {"tables": selected}}}}
@@ -132,7 +135,9 @@ def _check_runs(
     """The runs that check ``tables`` on their current snapshots: (job, run config, tables) per
     table, and one per router for the tables its committer drives."""
     own, routed = _by_router(config, tables)
-    runs = [(definitions.resolve_job_def(names.check_job_name(table)), {}, [table]) for table in own]
+    runs: list[tuple[dg.JobDefinition, dict, list[str]]] = [
+        (definitions.resolve_job_def(names.check_job_name(table)), {}, [table]) for table in own
+    ]
     for router, selected in routed.items():
         run_config = {"ops": {names.routed_tables_op(router): {"config": {"tables": selected}}}}
         runs.append((definitions.resolve_job_def(names.routed_check_job_name(router)), run_config, selected))
@@ -182,7 +187,7 @@ def source_reload(args: argparse.Namespace) -> int:
         raise ConfigError(f"stream {stream.name!r} has no Iceberg source")
     forget_cursor(LakehousePaths.from_env(), stream)
     print(
-        f"stream {stream.name}: the next source run loads {stream.iceberg_source.table} in full "
+        f"stream {stream.name}: the next source run loads {stream.source_table.table} in full "
         "(upserts every row, deletes downstream rows the source no longer has), then follows its changes"
     )
     return 0

@@ -442,6 +442,13 @@ class StreamSpec(_Strict):
         return self.source.iceberg
 
     @property
+    def source_table(self) -> IcebergSourceSpec:
+        """The Iceberg source of a stream that has one (``source.iceberg``); an error otherwise."""
+        if self.source.iceberg is None:
+            raise ConfigError(f"stream {self.name!r} has no Iceberg source")
+        return self.source.iceberg
+
+    @property
     def source_catalog_name(self) -> str:
         """The Spark catalog of the Iceberg source: ``lake``, or ``source_<stream>`` for its own catalog."""
         return f"source_{self.name}" if self.iceberg_source and self.iceberg_source.catalog else "lake"
@@ -606,7 +613,7 @@ class LakehouseConfig(_Strict):
         ``<router>__<namespace>__<table>`` reads them like a landing directory and writes the table
         with the router's settings.
         """
-        derived = []
+        derived: list[StreamSpec] = []
         for router in self.routers():
             directory = routes / router.name
             entries = directory.iterdir() if directory.is_dir() else []
@@ -717,7 +724,7 @@ def parse_config(raw: Any, origin: str = "<config>") -> LakehouseConfig:
     try:
         return LakehouseConfig.model_validate(raw)
     except ValidationError as error:
-        problems = "\n  ".join(_describe_error(raw, item) for item in error.errors())
+        problems = "\n  ".join(_describe_error(raw, dict(item)) for item in error.errors())
         raise ConfigError(f"invalid configuration in {origin}:\n  {problems}") from None
 
 

@@ -111,7 +111,7 @@ def stage_job(config: LakehouseConfig, stream: StreamSpec):  # -> UnresolvedAsse
     """The writer run of one batch: stage it, then, in the same process and JVM, commit it and
     check the commit (the table's step waits for the table's commit pool, and leaves the commit
     to the committer run while ``commit_interval`` has not passed). A router only routes."""
-    selection = dg.AssetSelection.assets(names.staged_batches_key(stream.name))
+    selection: dg.AssetSelection = dg.AssetSelection.assets(names.staged_batches_key(stream.name))
     if not stream.is_router:
         selection = selection | committed_assets(config, stream.table_identifier)
     elif routed := config.routed_tables(stream.name):

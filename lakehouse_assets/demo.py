@@ -14,7 +14,7 @@ from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.sql import connect, run_query, view_names, write_result
 from lakehouse_assets.ops.status import lakehouse_status
-from lakehouse_assets.quality.duck import iceberg_connection, scan
+from lakehouse_assets.quality.duck import iceberg_connection, scan, single_count
 from lakehouse_assets.runner import dagster_instance, run_until_idle
 
 DEMO_SEED = 7
@@ -67,7 +67,7 @@ def run_demo(events: int) -> int:
     for entry in status:
         location = lake.metadata_location(entry["table"])
         if location and entry["snapshot_id"]:
-            count = connection.sql(f"SELECT count(*) FROM {scan(location, entry['snapshot_id'])}").fetchone()[0]
+            count = single_count(connection, f"SELECT count(*) FROM {scan(location, entry['snapshot_id'])}")
             print(f"DuckDB reads {count} rows from {entry['table']} at snapshot {entry['snapshot_id']}")
         for check, result in entry["last_checks"].items():
             print(f"  check {check}: {result}")

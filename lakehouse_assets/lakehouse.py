@@ -15,6 +15,7 @@ from pyiceberg.table import Table
 
 from lakehouse_assets.catalog import table_metadata
 from lakehouse_assets.config import LakehouseConfig, StreamSpec, load_config
+from lakehouse_assets.errors import TableNotFoundError
 from lakehouse_assets.ingest.batch_ledger import StreamLedger
 from lakehouse_assets.paths import LakehousePaths
 
@@ -57,3 +58,10 @@ class Lakehouse:
     def table(self, identifier: str) -> Table | None:
         """The table as last committed, read-only, or None when it does not exist."""
         return table_metadata.load_committed_table(self.config.catalog, self.warehouse, identifier)
+
+    def require_table(self, identifier: str) -> Table:
+        """The table as last committed; TableNotFoundError when it does not exist."""
+        table = self.table(identifier)
+        if table is None:
+            raise TableNotFoundError(f"table {identifier} does not exist")
+        return table

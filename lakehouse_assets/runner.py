@@ -9,7 +9,7 @@ triggers say, so "idle" means nothing is pending.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import dagster as dg
@@ -87,8 +87,8 @@ def run_job(
     instance: dg.DagsterInstance,
     run_config: dict | None = None,
     tags: dict[str, str] | None = None,
-    asset_selection: list[dg.AssetKey] | None = None,
-    asset_check_selection: list[dg.AssetCheckKey] | None = None,
+    asset_selection: Sequence[dg.AssetKey] | None = None,
+    asset_check_selection: Sequence[dg.AssetCheckKey] | None = None,
 ) -> dg.ExecuteInProcessResult:
     """Execute ``job`` (only ``asset_selection`` of it and ``asset_check_selection`` of their checks,
     when given; all their checks when it is None) in this process, recorded in ``instance`` and
@@ -168,6 +168,8 @@ def run_until_idle(
             for request in tick.run_requests or []:
                 if request.run_key and _already_done(instance, sensor.name, request.run_key):
                     continue
+                if sensor.job_name is None:
+                    raise RuntimeError(f"sensor {sensor.name} requested a run of no job")
                 job = repository.get_job(sensor.job_name)
                 tags = {**request.tags, SENSOR_NAME_TAG: sensor.name}
                 if request.run_key:

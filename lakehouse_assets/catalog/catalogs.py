@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from lakehouse_assets.errors import ConfigError
@@ -50,14 +51,14 @@ _JDBC_CATALOG_KEYS = {
 WAREHOUSE_TYPES = {HADOOP, "jdbc"}
 
 
-def catalog_type(catalog: dict[str, str]) -> str:
+def catalog_type(catalog: Mapping[str, str]) -> str:
     """The catalog's type (``hadoop`` when neither ``type`` nor a known ``catalog-impl`` says)."""
     if "catalog-impl" in catalog and "type" not in catalog:
         return _CATALOG_IMPL_TYPES.get(catalog["catalog-impl"], catalog["catalog-impl"])
     return catalog.get("type", HADOOP)
 
 
-def resolved(catalog: dict[str, str]) -> dict[str, str]:
+def resolved(catalog: Mapping[str, str]) -> dict[str, str]:
     """The properties with every ``${env:NAME}`` replaced by the variable's value.
 
     Raises ConfigError naming the key and the variable when the variable is not set.
@@ -80,12 +81,12 @@ def without_credentials(uri: str) -> str:
     return re.sub(r"//[^/@]*@", "//***@", uri)
 
 
-def spark_catalog_properties(catalog: dict[str, str]) -> dict[str, str]:
+def spark_catalog_properties(catalog: Mapping[str, str]) -> dict[str, str]:
     """The settings of an Iceberg ``SparkCatalog`` (without the ``spark.sql.catalog.<name>.`` prefix)."""
     return resolved(catalog)
 
 
-def pyiceberg_catalog_properties(catalog: dict[str, str]) -> dict[str, str]:
+def pyiceberg_catalog_properties(catalog: Mapping[str, str]) -> dict[str, str]:
     """The properties of the same catalog for PyIceberg's ``load_catalog``.
 
     Raises ConfigError for a catalog PyIceberg cannot read (the checks and recovery need it).

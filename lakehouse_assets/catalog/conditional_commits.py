@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from lakehouse_assets.catalog.table_metadata import qualified_name
+from lakehouse_assets.engine.jvm import jvm as spark_jvm
 
 if TYPE_CHECKING:  # the DuckDB checks import the branches module, which imports this, without Spark
     from py4j.java_gateway import JavaObject
@@ -43,7 +44,7 @@ def _commit_if_unchanged(
     """Commit ``change`` (a TableMetadata.Builder -> the same builder, changed) on the table's
     metadata only while it is still ``decided_from``; False, with nothing committed, otherwise (a
     catalog may leave the unreferenced metadata file it wrote before its swap failed)."""
-    jvm = spark._jvm
+    jvm = spark_jvm(spark)
     table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, qualified_name(identifier))
     operations = table.operations()
     base = operations.current()
@@ -62,7 +63,7 @@ def _commit_if_unchanged(
 def set_property_if_unchanged(spark: SparkSession, identifier: str, decided_from: str, key: str, value: str) -> bool:
     """Set table property ``key`` only while the table's metadata is still ``decided_from`` (a
     metadata location); False, with nothing committed, when the table has moved on since."""
-    properties = spark._jvm.java.util.HashMap()
+    properties = spark_jvm(spark).java.util.HashMap()
     properties.put(key, value)
     return _commit_if_unchanged(spark, identifier, decided_from, lambda builder: builder.setProperties(properties))
 

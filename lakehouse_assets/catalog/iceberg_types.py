@@ -91,7 +91,9 @@ IcebergType = Primitive | Struct | ListOf | MapOf
 
 def _split_top_level(text: str) -> list[str]:
     """Split on commas that are not inside ``<...>`` or ``(...)``."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in text:
         if char in "<(":
             depth += 1

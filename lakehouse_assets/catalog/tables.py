@@ -13,6 +13,7 @@ from lakehouse_assets.catalog.iceberg_types import iceberg_schema_json, spark_dd
 from lakehouse_assets.catalog.table_metadata import CATALOG_NAME, qualified_name
 from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.config import SOURCE_POSITION_COLUMN, SOURCE_POSITION_TYPE, ColumnSpec, StreamSpec
+from lakehouse_assets.engine.jvm import jvm as spark_jvm
 from lakehouse_assets.errors import ConfigError, TableNotFoundError
 from lakehouse_assets.lakehouse import Lakehouse
 
@@ -51,7 +52,7 @@ def create_table(spark: SparkSession, stream: StreamSpec, columns: list[ColumnSp
     Through Iceberg's catalog API rather than Spark SQL's CREATE TABLE, which cannot declare
     ``uuid`` or ``fixed[N]`` columns.
     """
-    jvm = spark._jvm
+    jvm = spark_jvm(spark)
     schema = jvm.org.apache.iceberg.SchemaParser.fromJson(
         iceberg_schema_json(
             [(column.name, column.iceberg_type, column.required) for column in columns],
@@ -116,12 +117,12 @@ def system_columns(stream: StreamSpec) -> list[ColumnSpec]:
 
 def _add_missing_system_columns(spark: SparkSession, lake: Lakehouse, stream: StreamSpec) -> None:
     """Add the stream's system columns to a table created without them (holding the table's lock)."""
-    present = set(lake.table(stream.table_identifier).schema().column_names)
+    present = set(lake.require_table(stream.table_identifier).schema().column_names)
     missing = [column for column in system_columns(stream) if column.name not in present]
     if not missing:
         return
     with exclusive_lock(table_lock_file(lake.paths.locks, stream.table_identifier)):
-        present = set(lake.table(stream.table_identifier).schema().column_names)
+        present = set(lake.require_table(stream.table_identifier).schema().column_names)
         definitions = ", ".join(
             f"`{column.name}` {spark_ddl(column.iceberg_type)}" for column in missing if column.name not in present
         )

@@ -53,6 +53,7 @@ from lakehouse_assets.commit.recovery import (
     AUDIT_BRANCH,
     MAIN_BRANCH,
     branch_head,
+    branch_head_id,
     committed_state,
     lakehouse_commits,
     next_epoch,
@@ -66,7 +67,7 @@ from lakehouse_assets.commit.table_writes import (
     merge_changes,
 )
 from lakehouse_assets.config import StreamSpec
-from lakehouse_assets.errors import CommitOutcomeUnknownError, FencedError, SequenceGapError
+from lakehouse_assets.errors import CommitOutcomeUnknownError, ConfigError, FencedError, SequenceGapError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import BatchRecord, CommittedBatch, StreamLedger
 from lakehouse_assets.ingest.conversion import accepted_rows
@@ -237,8 +238,9 @@ def _has_staged_data(committer: CommitterPass, record: BatchRecord) -> bool:
     (snapshot expiry removes a staged snapshot, and its files, that waited longer than it keeps)."""
     if not record.events_path().is_dir():
         return False
-    snapshot_id = record.staged.staged_snapshot
-    return snapshot_id is None or committer.table().snapshot_by_id(snapshot_id) is not None
+    snapshot_id = record.staged_batch.staged_snapshot
+    table = committer.table()
+    return snapshot_id is None or (table is not None and table.snapshot_by_id(snapshot_id) is not None)
 
 
 def _ensure_staged_data(committer: CommitterPass, stream: StreamSpec, record: BatchRecord) -> BatchRecord:
@@ -249,7 +251,7 @@ def _ensure_staged_data(committer: CommitterPass, stream: StreamSpec, record: Ba
     ledger = committer.lake.ledger(stream.name)
     ledger.reset_to_minted(record.sequence)
     stage_batch(committer.spark, committer.lake, stream, record.sequence, run_id=committer.run_id, into_table=False)
-    return ledger.batch(record.sequence)
+    return ledger.require(record.sequence)
 
 
 def _has_ready_batches(committer: CommitterPass, streams: list[StreamSpec]) -> bool:
@@ -288,7 +290,10 @@ def _write_until_landed(
         except Exception as raised:  # noqa: BLE001 - py4j errors of any kind; the ancestry decides below
             error = raised
         confirmed = committer.table()
-        if committed_state(confirmed, stream.name, committer.branch).sequence >= last_sequence:
+        if (
+            confirmed is not None
+            and committed_state(confirmed, stream.name, committer.branch).sequence >= last_sequence
+        ):
             return confirmed
         if error is None:
             raise CommitOutcomeUnknownError(
@@ -297,7 +302,7 @@ def _write_until_landed(
             )
         if not _is_commit_conflict(error) or attempt == COMMIT_ATTEMPTS:
             raise error
-        committer.expected_snapshot_id = branch_head(confirmed, committer.branch).snapshot_id
+        committer.expected_snapshot_id = branch_head_id(confirmed, committer.branch)
     raise AssertionError("unreachable")
 
 
@@ -305,7 +310,7 @@ def _evolve_schema(committer: CommitterPass, stream: StreamSpec, batches: list[B
     """Add the columns the batches' events brought that the table still lacks (lock held)."""
     proposed: dict[str, str] = {}
     for record in batches:
-        for name, kind in proposed_fields(record.staged.new_columns).items():
+        for name, kind in proposed_fields(record.staged_batch.new_columns).items():
             proposed.setdefault(name, kind)
     if proposed and add_missing_columns(committer.spark, stream.table_identifier, proposed):
         crash_point(faults.COMMITTER_AFTER_SCHEMA_CHANGE)
@@ -315,7 +320,7 @@ def _triggering_batches(schema_change: dict[str, str], batches: list[BatchRecord
     """For each added column, the first batch of the commit whose events brought it."""
     triggered: dict[str, int] = {}
     for record in batches:
-        for name in proposed_fields(record.staged.new_columns):
+        for name in proposed_fields(record.staged_batch.new_columns):
             if name in schema_change:
                 triggered.setdefault(name, record.sequence)
     return triggered
@@ -328,7 +333,10 @@ def _record_completeness(committer: CommitterPass, stream: StreamSpec, staged: D
     before = table_history(committer.table(), committer.branch).watermark(stream.name)
     batch_max = properties[summary_keys.MAX_EVENT_TIME] or None
     after = next_watermark(before, batch_max, stream.completeness.allowed_lateness)
-    late = count_late_events(staged, stream.resolved_event_time_column(), before)
+    column = stream.resolved_event_time_column()
+    if column is None:
+        raise ConfigError(f"stream {stream.name!r}: completeness needs a timestamp column")
+    late = count_late_events(staged, column, before)
     properties.update({summary_keys.WATERMARK: after or "", summary_keys.LATE_EVENTS: str(late)})
     return late
 
@@ -343,12 +351,12 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
     else:
         # Audited batches send their dead letters when they are published: a discarded batch is
         # staged again, maybe with other rejects, so its first rejects must not be kept.
-        dead_letters = sum(record.staged.rejected for record in batches)
+        dead_letters = sum(record.staged_batch.rejected for record in batches)
     spark = committer.spark
     _evolve_schema(committer, stream, batches)
     keys = identifier_columns(committer.lake, stream)
-    staged_snapshots = [record.staged.staged_snapshot for record in batches]
-    if all(staged_snapshots):
+    staged_snapshots = [s for s in (record.staged_batch.staged_snapshot for record in batches) if s is not None]
+    if len(staged_snapshots) == len(batches):
         # Rows written once by the writers: publish their files (``staging.writes_once``).
         counts, properties = _append_summary(committer, stream, batches)
         write = partial(append_staged_snapshots, spark, identifier, staged_snapshots, properties, committer.branch)
@@ -397,7 +405,7 @@ def _append_summary(
     committer: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]
 ) -> tuple[ChangeCounts, dict[str, str]]:
     """What appending ``batches`` inserts, and its commit's summary keys."""
-    rows = sum(record.staged.rows for record in batches)
+    rows = sum(record.staged_batch.rows for record in batches)
     return ChangeCounts(inserted=rows, updated=0, deleted=0), summary_keys.commit_summary(
         stream.name, batches, rows, rows, committer.stamp
     )
@@ -419,13 +427,17 @@ def _publish(
     ancestry shows it, record the bookkeeping, and describe the commit."""
     identifier = stream.table_identifier
     rows = counts.inserted + counts.updated
-    schema_change = columns_added_since_last_snapshot(committer.table(), committer.branch)
+    schema_change = columns_added_since_last_snapshot(committer.lake.require_table(identifier), committer.branch)
     if schema_change:
         properties[summary_keys.SCHEMA_CHANGE] = json.dumps(schema_change)
         properties[summary_keys.SCHEMA_CHANGE_BATCHES] = json.dumps(_triggering_batches(schema_change, batches))
     confirmed = _write_until_landed(committer, stream, batches[-1].sequence, write)
     crash_point(faults.COMMITTER_AFTER_COMMIT)
     snapshot = branch_head(confirmed, committer.branch)
+    if snapshot is None:
+        raise CommitOutcomeUnknownError(
+            f"table {identifier}: no snapshot after the commit of batch {batches[-1].sequence}"
+        )
     committer.expected_snapshot_id = snapshot.snapshot_id
     committed_at = time.time()
     ledger = committer.lake.ledger(stream.name)
@@ -433,13 +445,13 @@ def _publish(
         ledger.record_committed(
             record.sequence, CommittedBatch(snapshot.snapshot_id, batches[-1].sequence, committed_at)
         )
-    summary = snapshot.summary.additional_properties
+    summary = snapshot.summary.additional_properties if snapshot.summary else {}
     return CommitResult(
         table=identifier,
         stream=stream.name,
         kind=kind,
         snapshot_id=snapshot.snapshot_id,
-        metadata_location=committer.lake.metadata_location(identifier),
+        metadata_location=confirmed.metadata_location,
         first_sequence=batches[0].sequence,
         last_sequence=batches[-1].sequence,
         rows=rows,
@@ -498,7 +510,7 @@ def _commit_stream(
     else:
         # Batches written once into staged snapshots and batches staged as Parquet publish by
         # different writes: each run of consecutive batches of one kind is one commit.
-        runs = groupby(ready, key=lambda record: record.staged.staged_snapshot is None)
+        runs = groupby(ready, key=lambda record: record.staged_batch.staged_snapshot is None)
         groups = [list(group) for _, group in runs]
     for group in groups:
         results.append(_commit_group(committer, stream, group))
@@ -527,7 +539,7 @@ def _prepare_audit_branch(committer: CommitterPass) -> AuditState | None:
     if sync_audit_branch(committer.spark, table, committer.table_identifier):
         # This pass moved the branch itself, holding the lock: its new head is the expected base.
         table = committer.table()
-        committer.expected_snapshot_id = branch_head(table, committer.branch).snapshot_id
+        committer.expected_snapshot_id = branch_head_id(table, committer.branch)
     return audit_state(table)
 
 
@@ -576,7 +588,7 @@ def commit_table(
                 if branch != committer.target:
                     # A pass branch of a table with no snapshot yet starts at a new empty one.
                     committer.branch = branch
-                    committer.expected_snapshot_id = branch_head(committer.table(), branch).snapshot_id
+                    committer.expected_snapshot_id = branch_head_id(committer.table(), branch)
                 for stream in streams:
                     _commit_stream(committer, stream, plans, results, publish_waits)
         except FencedError as fenced:
@@ -585,6 +597,6 @@ def commit_table(
         finally:
             committer.branch = committer.target
         if uses_pass_branches(lake.config):
-            location = lake.metadata_location(table_identifier)
+            location = lake.require_table(table_identifier).metadata_location
             results = [replace(result, metadata_location=location) for result in results]
     return CommitOutcome(plans, results, awaiting_publish=audit if audit and audit.awaiting_publish else None)

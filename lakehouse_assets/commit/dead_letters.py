@@ -47,7 +47,7 @@ def sidecar_path(landing_file: Path) -> Path:
 
 def replayed_keys(directory: Path, files: list[str]) -> list[DeadLetterKey]:
     """The dead-letter rows that the given landing files replay (none for ordinary files)."""
-    keys = []
+    keys: list[DeadLetterKey] = []
     for name in files:
         sidecar = sidecar_path(directory / name)
         if sidecar.exists():
@@ -141,17 +141,17 @@ def commit_dead_letters(
     identifier = stream_dead_letter_identifier(stream)
     directory = landing_dir(lake.paths, stream)
     replays = {record.sequence: replayed_keys(directory, record.minted.files) for record in batches}
-    count = sum(record.staged.rejected for record in batches)
+    count = sum(record.staged_batch.rejected for record in batches)
     if count == 0 and not any(replays.values()):
         return 0
     ensure_dead_letter_table(spark, identifier)
     table = lake.table(identifier)
     already = committed_state(table, stream.name).sequence
-    pending = [r for r in batches if r.sequence > already and (r.staged.rejected or replays[r.sequence])]
+    pending = [r for r in batches if r.sequence > already and (r.staged_batch.rejected or replays[r.sequence])]
     if not pending:
         return count
-    rejected = [record for record in pending if record.staged.rejected]
-    rows = sum(record.staged.rejected for record in rejected)
+    rejected = [record for record in pending if record.staged_batch.rejected]
+    rows = sum(record.staged_batch.rejected for record in rejected)
     properties = summary_keys.commit_summary(stream.name, pending, rows, rows, stamp)
     new_rows = dead_letter_rows(spark, stream.name, rejected) if rejected else None
     replayed = [key for record in pending for key in replays[record.sequence]]
@@ -165,6 +165,6 @@ def commit_dead_letters(
             properties[summary_keys.NET_ROWS] = str(rows - len(replayed))
             view = f"lakehouse_dead_letters_{stream.name}_{pending[0].sequence}"
             replace_dead_letters(spark, identifier, new_rows, replayed, properties, view, branch)
-        else:
+        elif new_rows is not None:  # without replays, pending batches have rejects
             append_rows(new_rows, identifier, properties, branch)
     return count

@@ -108,4 +108,6 @@ def commit_concurrently(
         futures = {pool.submit(commit, table): table for table in tables}
         for future in as_completed(futures):
             error = future.exception()
+            if error is not None and not isinstance(error, Exception):
+                raise error  # an interrupt, not a table's failure
             yield futures[future], error if error is not None else future.result()

@@ -132,7 +132,7 @@ def _publish_once(
 ) -> PublishResult | None:
     """One attempt of ``publish_table``; FencedError or TableMovedError when another host changed
     the dead-letter table or the table after this attempt read them."""
-    table = lake.table(table_identifier)
+    table = lake.require_table(table_identifier)
     if on_main(table, snapshot_id):
         return None
     state = audit_state(table)
@@ -184,7 +184,7 @@ def discard_audited(spark: SparkSession, lake: Lakehouse, table_identifier: str)
     with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
         table = lake.table(table_identifier)
         state: AuditState = audit_state(table)
-        if not state.awaiting_publish:
+        if table is None or not state.awaiting_publish or state.audit is None:
             return None
         ranges = state.unpublished_ranges()
         if begun := _dead_letters_committed(lake, streams, ranges):

@@ -214,10 +214,16 @@ def branch_head(table: Table | None, branch: str = MAIN_BRANCH) -> Snapshot | No
     return table.snapshot_by_name(branch) or table.current_snapshot()
 
 
+def branch_head_id(table: Table | None, branch: str = MAIN_BRANCH) -> int | None:
+    """The id of ``branch_head``; None for a missing or empty table."""
+    head = branch_head(table, branch)
+    return head.snapshot_id if head else None
+
+
 def table_history(table: Table | None, branch: str = MAIN_BRANCH) -> CommitHistory:
     """The history of the branch's head (empty for a missing or empty table)."""
     head = branch_head(table, branch)
-    if head is None:
+    if table is None or head is None:
         return CommitHistory(None, [])
     return commit_history(table.metadata, head.snapshot_id)
 
@@ -239,7 +245,7 @@ def committed_state(table: Table | None, stream: str, branch: str = MAIN_BRANCH)
     history = table_history(table, branch)
     sequence = history.sequence(stream)
     holders = [c.snapshot_id for c in history.commits if c.stream == stream and c.last_sequence == sequence]
-    snapshot_id = holders[-1] if holders else (history.base.snapshot_id if sequence else None)
+    snapshot_id = holders[-1] if holders else (history.base.snapshot_id if sequence and history.base else None)
     return CommittedState(sequence=sequence, snapshot_id=snapshot_id, epoch=history.epoch)
 
 

@@ -55,7 +55,7 @@ def commit_summary(
 ) -> dict[str, str]:
     """The ``lakehouse.*`` keys of one commit of ``stream``'s ``batches`` (in sequence order)."""
     files = [name for record in batches for name in record.minted.files]
-    event_times = [r.staged.max_event_time for r in batches if r.staged.max_event_time]
+    event_times = [r.staged_batch.max_event_time for r in batches if r.staged_batch.max_event_time]
     # An Iceberg source's landing files are named by source snapshot, in order (replays are not).
     source_snapshots = [snapshot for name in files if (snapshot := source_snapshot_of(name))]
     source = {SOURCE_SNAPSHOT: str(source_snapshots[-1])} if source_snapshots else {}

@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.commit.recovery import MAIN_BRANCH
+from lakehouse_assets.engine.jvm import jvm as spark_jvm
 from lakehouse_assets.ingest.staged_format import DELETE, OPERATION_COLUMN
 
 
@@ -61,7 +62,7 @@ def append_staged_snapshots(
 ) -> None:
     """Publish the data files the staged snapshots ``snapshot_ids`` added to the table (or its
     ``branch``) in one append commit carrying ``properties`` in its summary."""
-    table = spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+    table = spark_jvm(spark).org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
         spark._jsparkSession, qualified_name(identifier)
     )
     table.refresh()
@@ -93,12 +94,12 @@ def count_changes(
     is_delete = F.col(OPERATION_COLUMN) == F.lit(DELETE)
     exists = F.col("_lakehouse_exists").isNotNull()
     applies = F.expr(_not_stale(order_column))
-    row = joined.agg(
+    [row] = joined.agg(
         F.count(F.when(~is_delete & ~exists, 1)).alias("inserted"),
         F.count(F.when(~is_delete & exists & applies, 1)).alias("updated"),
         F.count(F.when(is_delete & exists & applies, 1)).alias("deleted"),
         F.count(F.when(exists & ~applies, 1)).alias("stale"),
-    ).first()
+    ).collect()
     return ChangeCounts(row["inserted"], row["updated"], row["deleted"], row["stale"])
 
 
@@ -121,7 +122,7 @@ _CALLBACK_SERVER_START = threading.Lock()
 
 def run_with_commit_properties(spark: SparkSession, statement: str, properties: dict[str, str]) -> None:
     """Run one SQL statement whose Iceberg commit carries ``properties`` in its snapshot summary."""
-    jvm = spark.sparkContext._jvm
+    jvm = spark_jvm(spark)
     with _CALLBACK_SERVER_START:  # PySpark's start is not thread-safe; tables commit concurrently
         ensure_callback_server_started(spark.sparkContext._gateway)
     java_properties = jvm.java.util.HashMap()

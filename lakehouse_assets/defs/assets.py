@@ -3,6 +3,7 @@
 import time
 from collections.abc import Iterator
 from datetime import date, timedelta
+from typing import Any
 
 import dagster as dg
 from pyiceberg.table import Table
@@ -145,7 +146,7 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
     return routed_batches
 
 
-def commit_metadata(result: CommitResult) -> dict[str, str | int | float]:
+def commit_metadata(result: CommitResult) -> dict[str, Any]:
     """Numeric metadata Dagster plots per commit, plus the snapshot the checks must read."""
     latency = result.commit_latency_seconds
     return {
@@ -211,7 +212,7 @@ def _signal_complete_days(
     key = names.complete_days_key(table_identifier)
     watermark = table_watermark(table_history(table), tracked)
     reported = context.instance.get_materialized_partitions(key)
-    first = min(stream.completeness.start_date for stream in tracked)
+    first = min(stream.completeness.start_date for stream in tracked if stream.completeness)
     if reported:
         first = max(first, date.fromisoformat(max(reported)) + timedelta(days=1))
     for day in complete_days(first, watermark):
@@ -300,7 +301,7 @@ def commits_metadata(
     metadata, with the table's figures after it and each stream's backlog."""
     lake = lakehouse.lake()
     table = lake.table(table_identifier)
-    after = table_stats(table) | {
+    after: dict[str, Any] = table_stats(table) | {
         f"lag_seconds.{stream.name}": round(stream_lag_seconds(lake.paths, stream, table), 3) for stream in streams
     }
     for result in outcome.results[:-1]:

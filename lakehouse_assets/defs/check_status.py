@@ -56,8 +56,10 @@ def checks_not_passed(
 
 
 def failed_checks(
-    instance: dg.DagsterInstance, table_identifier: str, streams: list[StreamSpec], snapshot_id: int
+    instance: dg.DagsterInstance, table_identifier: str, streams: list[StreamSpec], snapshot_id: int | None
 ) -> dict[str, str]:
-    """The blocking checks that ran on ``snapshot_id`` and failed."""
+    """The blocking checks that ran on ``snapshot_id`` and failed (none for no snapshot)."""
+    if snapshot_id is None:
+        return {}
     problems = checks_not_passed(instance, table_identifier, streams, snapshot_id)
     return {name: found for name, found in problems.items() if found.startswith("failed")}

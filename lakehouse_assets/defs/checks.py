@@ -54,10 +54,11 @@ def materialized_target(instance: dg.DagsterInstance, table_identifier: str) -> 
         return CheckTarget(None, {})
     metadata = event.asset_materialization.metadata
     snapshot = checks.CommittedSnapshot(
-        metadata_location=metadata["metadata_location"].value, snapshot_id=int(metadata["snapshot_id"].value)
+        metadata_location=str(metadata["metadata_location"].value), snapshot_id=int(str(metadata["snapshot_id"].value))
     )
     ranges = metadata.get(names.RUN_RANGES_METADATA)
-    return CheckTarget(snapshot, ranges.value if ranges else {})
+    recorded = ranges.value if ranges else {}
+    return CheckTarget(snapshot, recorded if isinstance(recorded, dict) else {})
 
 
 def current_target(lakehouse: LakehouseResource, table_identifier: str) -> CheckTarget:
@@ -218,8 +219,8 @@ def dead_letters_check(table_identifier: str) -> TableCheck:
             ]
         else:
             table = lake.table(identifier)
-            location = lake.metadata_location(identifier)
-            snapshot = checks.CommittedSnapshot(location, table.current_snapshot().snapshot_id) if table else None
+            head = table.current_snapshot() if table else None
+            snapshot = checks.CommittedSnapshot(table.metadata_location, head.snapshot_id) if table and head else None
             outcomes = [
                 checks.check_no_new_dead_letters(connection, snapshot, stream, first, last)
                 for stream, (first, last) in sorted(target.ranges.items())

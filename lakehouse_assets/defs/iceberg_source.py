@@ -12,7 +12,7 @@ from lakehouse_assets.source.search_export import export_bulk_files
 
 def source_assets(stream: StreamSpec) -> list[dg.AssetsDefinition]:
     """The change export of the stream's source table and its bulk NDJSON for search indexes."""
-    source = stream.iceberg_source
+    source = stream.source_table
 
     @dg.asset(
         key=names.source_key(stream.name),
@@ -71,7 +71,7 @@ def source_job(stream: StreamSpec):
         names.source_job_name(stream.name),
         selection=dg.AssetSelection.assets(names.source_key(stream.name), names.search_export_key(stream.name)),
         tags={names.RUN_KIND_TAG: "source"},
-        description=f"Export the new snapshots of {stream.iceberg_source.table} as change events.",
+        description=f"Export the new snapshots of {stream.source_table.table} as change events.",
     )
 
 
@@ -81,9 +81,9 @@ def source_sensor(stream: StreamSpec) -> dg.SensorDefinition:
     @dg.sensor(
         name=names.source_sensor_name(stream.name),
         job_name=names.source_job_name(stream.name),
-        minimum_interval_seconds=max(1, int(stream.iceberg_source.polling_interval)),
+        minimum_interval_seconds=max(1, int(stream.source_table.polling_interval)),
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Polls {stream.iceberg_source.table} every polling_interval for new snapshots.",
+        description=f"Polls {stream.source_table.table} every polling_interval for new snapshots.",
     )
     def _sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource) -> dg.RunRequest | dg.SkipReason:
         lake = lakehouse.lake()
@@ -91,7 +91,7 @@ def source_sensor(stream: StreamSpec) -> dg.SensorDefinition:
         table = load_source_table(lake, current)
         snapshot = table.current_snapshot() if table else None
         if snapshot is None:
-            return dg.SkipReason(f"source {current.iceberg_source.table} has no snapshot yet")
+            return dg.SkipReason(f"source {current.source_table.table} has no snapshot yet")
         cursor = read_cursor(lake.paths, current)
         if cursor is not None and cursor.snapshot_id == snapshot.snapshot_id:
             return dg.SkipReason(f"source snapshot {snapshot.snapshot_id} is processed")

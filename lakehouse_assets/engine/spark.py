@@ -17,6 +17,7 @@ from lakehouse_assets.catalog.catalogs import HADOOP, spark_catalog_properties
 from lakehouse_assets.catalog.table_metadata import CATALOG_NAME, is_hadoop_catalog
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.engine.java_runtime import ensure_java_home
+from lakehouse_assets.engine.jvm import jvm as spark_jvm
 from lakehouse_assets.lakehouse import Lakehouse
 
 ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
@@ -27,7 +28,7 @@ DRIVER_MEMORY_ENV = "LAKEHOUSE_SPARK_DRIVER_MEMORY"
 
 def iceberg_runtime_jar() -> str:
     """Path of the Iceberg Spark runtime jar shipped by the ``snowpark-connect-deps-iceberg`` package."""
-    return str(resources.files(ICEBERG_JAR_PACKAGE).joinpath("jars", ICEBERG_RUNTIME_JAR))
+    return str(resources.files(ICEBERG_JAR_PACKAGE) / "jars" / ICEBERG_RUNTIME_JAR)
 
 
 def _log_settings() -> str:
@@ -129,5 +130,5 @@ def lakehouse_session(lake: Lakehouse) -> SparkSession:
         session.conf.set(key, value)
     # Iceberg's JVM helpers (Spark3Util, CommitMetadata) resolve catalogs through the thread's
     # active session, which Spark sets only inside its own SQL and DataFrame calls.
-    session._jvm.SparkSession.setActiveSession(session._jsparkSession)
+    spark_jvm(session).SparkSession.setActiveSession(session._jsparkSession)
     return session

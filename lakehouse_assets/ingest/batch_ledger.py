@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lakehouse_assets import faults
-from lakehouse_assets.errors import BatchConflictError
+from lakehouse_assets.errors import BatchConflictError, LakehouseError
 from lakehouse_assets.faults import crash_point
 
 BATCH_FILE = "batch.json"
@@ -102,10 +102,16 @@ class BatchRecord:
             return "committed"
         return "staged" if self.staged else "minted"
 
+    @property
+    def staged_batch(self) -> StagedBatch:
+        """What staging recorded; for callers that only hold staged batches (an error otherwise)."""
+        if self.staged is None:
+            raise LakehouseError(f"batch {self.sequence} is not staged")
+        return self.staged
+
     def events_path(self) -> Path:
         """The staged Parquet: converted rows, and reasons for the rejected events."""
-        assert self.staged, "only a staged batch has staged events"
-        return self.directory / f"attempt-{self.staged.attempt}" / EVENTS_DIR
+        return self.directory / f"attempt-{self.staged_batch.attempt}" / EVENTS_DIR
 
 
 def _write_json_atomically(path: Path, payload: dict[str, Any], exclusive: bool) -> bool:
@@ -144,6 +150,13 @@ class StreamLedger:
 
     def _directory(self, sequence: int) -> Path:
         return self.root / f"{sequence:0{SEQUENCE_DIGITS}d}"
+
+    def require(self, sequence: int) -> BatchRecord:
+        """The record of one sequence; an error naming it when it was never minted."""
+        record = self.batch(sequence)
+        if record is None:
+            raise LakehouseError(f"batch {sequence} was never minted (staging ledger {self.root})")
+        return record
 
     def batch(self, sequence: int) -> BatchRecord | None:
         """The record of one sequence, or None when it was never minted."""

@@ -40,6 +40,7 @@ import operator
 import os
 from functools import reduce
 from pathlib import Path
+from typing import cast
 
 from pyiceberg.schema import Schema
 from pyiceberg.types import FixedType, IcebergType, StructType, UUIDType
@@ -98,7 +99,7 @@ NON_NUMERIC_NUMBERS = ("NaN", "Infinity", "-Infinity")
 # milliseconds) cannot be coerced instead of overflowing the conversion.
 MIN_EPOCH_MILLIS, MAX_EPOCH_MILLIS = -62_135_596_800_000, 253_402_300_799_999
 MIN_EPOCH_DAYS, MAX_EPOCH_DAYS = -719_162, 2_932_896
-INTEGER_BITS = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}
+INTEGER_BITS: dict[type[T.DataType], int] = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}
 BYTE_ORDER_MARK = "\ufeff"
 BASE64_TEXT = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?\z"
 # Characters Hadoop reads as a glob pattern in a path (the home's, say); escaped, they are literal.
@@ -115,7 +116,7 @@ def with_iceberg_types(spark_schema: T.StructType, iceberg_schema: Schema) -> T.
     """The table's Spark schema with the Iceberg type of its uuid and fixed[N] columns and struct
     fields in their metadata (Spark reads them as string and binary; their values are checked)."""
 
-    def annotated(spark_type: T.DataType, iceberg_type: IcebergType) -> T.DataType:
+    def annotated(spark_type: T.DataType, iceberg_type: IcebergType | None) -> T.DataType:
         if not (isinstance(spark_type, T.StructType) and isinstance(iceberg_type, StructType)):
             return spark_type
         fields = []
@@ -125,7 +126,7 @@ def with_iceberg_types(spark_schema: T.StructType, iceberg_schema: Schema) -> T.
             fields.append(T.StructField(field.name, annotated(field.dataType, member), field.nullable, metadata))
         return T.StructType(fields)
 
-    return annotated(spark_schema, iceberg_schema.as_struct())
+    return cast(T.StructType, annotated(spark_schema, iceberg_schema.as_struct()))
 
 
 def _checked_text(raw: Column, iceberg_type: str) -> Column:
@@ -150,7 +151,7 @@ def _coerce(raw: Column, data_type: T.DataType, iceberg_type: str | None = None)
         return _checked_text(raw, iceberg_type)
     if isinstance(data_type, T.StructType):
         # Each field from the object's member of the same name, coerced recursively.
-        members = F.from_json(raw, _TEXT_FIELDS)
+        members = F.from_json(raw, _TEXT_FIELDS)  # type: ignore[arg-type]  # a map schema; the stubs omit it
         fields = [
             _coerce(members.getItem(field.name), field.dataType, field.metadata.get(ICEBERG_TYPE)).alias(field.name)
             for field in data_type
@@ -162,7 +163,8 @@ def _coerce(raw: Column, data_type: T.DataType, iceberg_type: str | None = None)
         # A key that cannot be coerced drops its entry (a map key cannot be NULL); keys that
         # coerce alike keep the last value (spark.sql.mapKeyDedupPolicy, spark.py).
         members = F.map_filter(
-            F.from_json(raw, _TEXT_FIELDS), lambda key, _: _coerce(key, data_type.keyType).isNotNull()
+            F.from_json(raw, _TEXT_FIELDS),  # type: ignore[arg-type]  # a map schema; the stubs omit it
+            lambda key, _: _coerce(key, data_type.keyType).isNotNull(),
         )
         coerced = F.transform_values(members, lambda _, value: _coerce(value, data_type.valueType))
         return F.transform_keys(coerced, lambda key, _: _coerce(key, data_type.keyType))

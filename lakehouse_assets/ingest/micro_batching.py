@@ -57,7 +57,8 @@ def decide_flush(pending: list[LandingFile], stream: StreamSpec, now: float, dra
             f"{flush.max_bytes}); oldest pending event is {oldest_age:.1f}s old "
             f"(< flush.max_age {flush.max_age:g}s)",
         )
-    chosen, total = [], 0
+    chosen: list[LandingFile] = []
+    total = 0
     for landed in pending:
         if chosen and total + landed.size > flush.max_bytes:
             break

@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 from lakehouse_assets import faults
 from lakehouse_assets.commit.dead_letters import DEAD_LETTER_SUFFIX, commit_dead_letters, sidecar_path
 from lakehouse_assets.commit.locks import exclusive_lock, stream_lock_file, table_lock_file
-from lakehouse_assets.commit.recovery import next_epoch
+from lakehouse_assets.commit.recovery import branch_head_id, next_epoch
 from lakehouse_assets.commit.summary_keys import CommitStamp
 from lakehouse_assets.config import ROUTED_TABLE, ROUTER_DEAD_LETTER_NAMESPACE, TEMPLATE_POINTER, StreamSpec
 from lakehouse_assets.faults import crash_point
@@ -165,13 +165,13 @@ def _stage_routes(
         routes=routes,
     )
     if not ledger.record_staged(outcome):
-        ledger.remove_attempts(record.sequence, keep=ledger.batch(record.sequence).staged.attempt)
-    return ledger.batch(record.sequence)
+        ledger.remove_attempts(record.sequence, keep=ledger.require(record.sequence).staged_batch.attempt)
+    return ledger.require(record.sequence)
 
 
 def _publish_routes(paths: LakehousePaths, stream: StreamSpec, record: BatchRecord) -> None:
     """Link the batch's route files into the route directories; a file already there is kept."""
-    for table in sorted(record.staged.routes):
+    for table in sorted(record.staged_batch.routes):
         target = route_file(paths, stream.name, table, record.sequence)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -194,8 +194,7 @@ def _commit_unroutable(
     with exclusive_lock(table_lock_file(lake.paths.locks, identifier)):
         stamp = CommitStamp(next_epoch(lake.table(identifier)), run_id)
         commit_dead_letters(spark, lake, stream, [record], stamp)
-        table = lake.table(identifier)
-    return table.current_snapshot().snapshot_id if table and table.current_snapshot() else None
+        return branch_head_id(lake.table(identifier))
 
 
 def route_batches(
@@ -224,7 +223,9 @@ def route_batches(
             crash_point(faults.ROUTER_AFTER_DEAD_LETTERS)
             ledger.record_committed(record.sequence, CommittedBatch(snapshot_id or 0, record.sequence, time.time()))
             ledger.remove_attempts(record.sequence)
-            routed.append(RoutedBatch(record.sequence, record.staged.routes, record.staged.rejected, routed_now))
+            routed.append(
+                RoutedBatch(record.sequence, record.staged_batch.routes, record.staged_batch.rejected, routed_now)
+            )
         _remove_routed_landing_files(lake.paths, stream, ledger)
     return routed
 

@@ -191,7 +191,7 @@ def _write_once(
     # The staged snapshot is a metadata commit: on the Hadoop catalog only the table lock keeps it
     # from racing another commit to the same metadata version.
     with exclusive_lock(table_lock_file(lake.paths.locks, identifier)):
-        if lake.table(identifier).properties.get(WAP_ENABLED_PROPERTY) != "true":
+        if lake.require_table(identifier).properties.get(WAP_ENABLED_PROPERTY) != "true":
             spark.sql(f"ALTER TABLE {qualified_name(identifier)} SET TBLPROPERTIES ('{WAP_ENABLED_PROPERTY}' = 'true')")
         session.conf.set(WAP_ID_SETTING, wap_id)
         try:
@@ -232,7 +232,7 @@ def staging_schema(
     ensure_table(spark, lake, stream, undeclared_columns)
     table_schema = with_iceberg_types(
         spark.table(qualified_name(stream.table_identifier)).schema,
-        lake.table(stream.table_identifier).schema(),
+        lake.require_table(stream.table_identifier).schema(),
     )
     added = new_columns(lines, stream, table_schema) if stream.schema_evolution and lines is not None else {}
     table_schema = with_new_columns(table_schema, added)
@@ -275,6 +275,7 @@ def stage_batch(
         return read_landing_lines(spark, files, input_links(record))
 
     # Called only when the table must be created without declared columns.
+    undeclared_columns: Callable[[], list[ColumnSpec]]
     if stream.iceberg_source:
         undeclared_columns = partial(source_columns, lake, stream)
     else:
@@ -345,6 +346,6 @@ def record_attempt(
     if ledger.record_staged(staged):
         crash_point(faults.WRITER_AFTER_RECORDING)
         return StagingOutcome(staged, True, len(minted.files), minted.bytes)
-    winner = ledger.batch(record.sequence)
-    ledger.remove_attempts(record.sequence, keep=winner.staged.attempt)
-    return StagingOutcome(winner.staged, False, len(minted.files), minted.bytes)
+    winner = ledger.require(record.sequence).staged_batch
+    ledger.remove_attempts(record.sequence, keep=winner.attempt)
+    return StagingOutcome(winner, False, len(minted.files), minted.bytes)

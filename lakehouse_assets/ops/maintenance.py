@@ -30,6 +30,7 @@ from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.commit.pass_branches import uses_pass_branches
 from lakehouse_assets.commit.recovery import CHECKPOINT_PROPERTY, table_history
 from lakehouse_assets.config import CompactionSpec, ExpirySpec, MaintenanceSpec, StreamSpec
+from lakehouse_assets.engine.jvm import jvm as spark_jvm
 from lakehouse_assets.errors import TableMovedError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.landing import landing_dir, list_landing_files
@@ -161,7 +162,7 @@ def expire_snapshots(
     """
     older_than_ms = now_ms - int(spec.older_than * 1000)
     for attempt in range(1, CHECKPOINT_ATTEMPTS + 1):
-        table = lake.table(identifier)
+        table = lake.require_table(identifier)
         kept = retained_ancestors(table, older_than_ms, spec.retain_last)
         tried = {"checkpoint_attempts": attempt, "snapshots_kept_in_ancestry": len(kept)}
         if len(kept) == len(table.metadata.snapshots):
@@ -194,7 +195,7 @@ def remove_orphan_files(spark: SparkSession, identifier: str, older_than_seconds
     Goes around the ``remove_orphan_files`` procedure, which refuses a grace under 24 hours, to the
     same Spark action it calls: the grace is the user's setting (tests use seconds).
     """
-    jvm, session = spark._jvm, spark._jsparkSession
+    jvm, session = spark_jvm(spark), spark._jsparkSession
     java_table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(session, qualified_name(identifier))
     result = (
         jvm.org.apache.iceberg.spark.actions.SparkActions.get(session)

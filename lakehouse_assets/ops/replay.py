@@ -18,7 +18,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pyiceberg.expressions import EqualTo
+from pyiceberg.expressions import EqualTo, Reference
+from pyiceberg.expressions.literals import literal
 
 from lakehouse_assets import faults
 from lakehouse_assets.commit.dead_letters import DeadLetterKey, dead_letter_identifier, replayed_keys, sidecar_path
@@ -80,7 +81,11 @@ def replay_dead_letters(lake: Lakehouse, table_identifier: str, reason: str | No
         directory = landing_dir(lake.paths, stream)
         with exclusive_lock(replay_lock_file(lake.paths.locks, name)):
             table = lake.table(identifier)
-            rows = table.scan(row_filter=EqualTo("stream", name)).to_arrow().to_pylist() if table else []
+            rows = (
+                table.scan(row_filter=EqualTo(term=Reference("stream"), value=literal(name))).to_arrow().to_pylist()
+                if table
+                else []
+            )
             pending = _pending_keys(directory)
             selected: list[tuple[DeadLetterKey, bytes]] = []
             for row in rows:

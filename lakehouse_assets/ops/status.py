@@ -52,7 +52,7 @@ def _source_progress(lake: Lakehouse, stream: StreamSpec) -> dict[str, Any]:
     source = load_source_table(lake, stream)
     current = source.current_snapshot() if source else None
     return {
-        "source_table": stream.iceberg_source.table,
+        "source_table": stream.source_table.table,
         "source_snapshot_synced": cursor.snapshot_id if cursor else None,
         "source_snapshot_current": current.snapshot_id if current else None,
     }

@@ -20,7 +20,7 @@ from lakehouse_assets.commit.recovery import CommitHistory, commit_history
 from lakehouse_assets.config import SYSTEM_COLUMN_PREFIX, ColumnSpec, ExpectationSpec
 from lakehouse_assets.ingest.staged_format import DELETE, OPERATION_COLUMN, REASON_COLUMN
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.quality.duck import manifest_entries, scan
+from lakehouse_assets.quality.duck import manifest_entries, scan, single_count
 
 EXPECTATION_EXAMPLES = 5
 
@@ -51,7 +51,7 @@ def current_snapshot(lake: Lakehouse, table_identifier: str) -> CommittedSnapsho
     table = lake.table(table_identifier)
     if table is None:
         return None
-    if lake.config.audits(table_identifier) and (state := audit_state(table)).awaiting_publish:
+    if lake.config.audits(table_identifier) and (state := audit_state(table)).awaiting_publish and state.audit:
         return CommittedSnapshot(table.metadata_location, state.audit)
     main = table.current_snapshot()
     return CommittedSnapshot(table.metadata_location, main.snapshot_id) if main else None
@@ -64,7 +64,8 @@ def _comparable(duckdb_type_name: str) -> str:
 def snapshot_columns(snapshot: CommittedSnapshot) -> list:
     """The Iceberg fields of the table's schema at ``snapshot``."""
     table = snapshot.table()
-    schema_id = table.metadata.snapshot_by_id(snapshot.snapshot_id).schema_id
+    recorded = table.metadata.snapshot_by_id(snapshot.snapshot_id)
+    schema_id = recorded.schema_id if recorded else None
     schema = next((s for s in table.metadata.schemas if s.schema_id == schema_id), table.schema())
     return list(schema.fields)
 
@@ -117,9 +118,7 @@ def _history(snapshot: CommittedSnapshot) -> CommitHistory:
 def check_row_count(connection: duckdb.DuckDBPyConnection, snapshot: CommittedSnapshot) -> CheckOutcome:
     """The snapshot holds exactly the rows its lakehouse commits added net (appended, or inserted
     minus deleted by a MERGE), counting expired commits through the maintenance checkpoint."""
-    counted = connection.sql(
-        f"SELECT count(*) FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}"
-    ).fetchone()[0]
+    counted = single_count(connection, f"SELECT count(*) FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}")
     staged = _history(snapshot).net_rows
     return CheckOutcome(
         counted == staged,
@@ -162,10 +161,11 @@ def check_unique_data_files(connection: duckdb.DuckDBPyConnection, snapshot: Com
         "WHERE manifest_content = 'DATA' AND status <> 'DELETED' AND content <> 'DELETED' "
         "GROUP BY file_path HAVING count(*) > 1 ORDER BY file_path"
     ).fetchall()
-    files = connection.sql(
+    files = single_count(
+        connection,
         f"SELECT count(*) FROM {entries} WHERE manifest_content = 'DATA' "
-        "AND status <> 'DELETED' AND content <> 'DELETED'"
-    ).fetchone()[0]
+        "AND status <> 'DELETED' AND content <> 'DELETED'",
+    )
     return CheckOutcome(
         not duplicates,
         f"{len(duplicates)} data files referenced more than once"
@@ -222,18 +222,18 @@ def check_changes_applied(
             for column in columns
         )
         table = scan(metadata_location, batch.snapshot_id)
-        deletes += connection.sql(f"SELECT count(*) FROM {changes} WHERE {OPERATION_COLUMN} = '{DELETE}'").fetchone()[0]
-        upserts += connection.sql(f"SELECT count(*) FROM {changes} WHERE {OPERATION_COLUMN} <> '{DELETE}'").fetchone()[
-            0
-        ]
-        still_there = connection.sql(
+        deletes += single_count(connection, f"SELECT count(*) FROM {changes} WHERE {OPERATION_COLUMN} = '{DELETE}'")
+        upserts += single_count(connection, f"SELECT count(*) FROM {changes} WHERE {OPERATION_COLUMN} <> '{DELETE}'")
+        still_there = single_count(
+            connection,
             f"SELECT count(*) FROM {changes} c JOIN {table} t ON {join} "
-            f"WHERE c.{OPERATION_COLUMN} = '{DELETE}' AND NOT {newer}"
-        ).fetchone()[0]
-        wrong = connection.sql(
+            f"WHERE c.{OPERATION_COLUMN} = '{DELETE}' AND NOT {newer}",
+        )
+        wrong = single_count(
+            connection,
             f"SELECT count(*) FROM {changes} c LEFT JOIN {table} t ON {join} "
-            f"WHERE c.{OPERATION_COLUMN} <> '{DELETE}' AND (t.\"{keys[0]}\" IS NULL OR {differs}) AND NOT {newer}"
-        ).fetchone()[0]
+            f"WHERE c.{OPERATION_COLUMN} <> '{DELETE}' AND (t.\"{keys[0]}\" IS NULL OR {differs}) AND NOT {newer}",
+        )
         if still_there:
             problems.append(f"batch {batch.sequence}: {still_there} deleted keys are still present")
         if wrong:
@@ -281,9 +281,9 @@ def check_expectations(
     examples: dict[str, list[str]] = {}
     for expectation in expectations:
         unmet = f"FROM {table} t WHERE NOT coalesce(({expectation.condition}), false)"
-        count = connection.sql(f"SELECT count(*) {unmet}").fetchone()[0]
-        if count:
-            missed[expectation.name] = count
+        unmet_rows = single_count(connection, f"SELECT count(*) {unmet}")
+        if unmet_rows:
+            missed[expectation.name] = unmet_rows
             rows = connection.sql(f"SELECT to_json(t)::VARCHAR {unmet} LIMIT {EXPECTATION_EXAMPLES}").fetchall()
             examples[expectation.name] = [row for (row,) in rows]
     problems = [

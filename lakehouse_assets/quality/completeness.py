@@ -57,9 +57,10 @@ def count_late_events(staged: DataFrame, column: str, watermark_before: str | No
 def table_watermark(history: CommitHistory, streams: list[StreamSpec]) -> str | None:
     """The lowest watermark of the table's streams that track completeness (None until each has one)."""
     watermarks = [history.watermark(stream.name) for stream in streams if stream.completeness]
-    if not watermarks or None in watermarks:
+    known = [watermark for watermark in watermarks if watermark is not None]
+    if not known or len(known) < len(watermarks):
         return None
-    return min(watermarks, key=_parse)
+    return min(known, key=_parse)
 
 
 def complete_days(first: date, watermark: str | None) -> list[date]:

@@ -14,7 +14,7 @@ EXTENSION_PACKAGES = (
 
 
 def _extension_file(extension: str, package: str) -> str:
-    directory = resources.files(package).joinpath("extensions", f"v{duckdb.__version__}")
+    directory = resources.files(package) / "extensions" / f"v{duckdb.__version__}"
     return str(directory.joinpath(f"{extension}.duckdb_extension"))
 
 
@@ -45,3 +45,11 @@ def scan(metadata_location: str, snapshot_id: int) -> str:
 def manifest_entries(metadata_location: str, snapshot_id: int) -> str:
     """SQL for the manifest entries (data and delete files) of ``snapshot_id``."""
     return f"iceberg_metadata('{metadata_location}', snapshot_from_id => {int(snapshot_id)})"
+
+
+def single_count(connection: duckdb.DuckDBPyConnection, sql: str) -> int:
+    """The single number an aggregate query (``SELECT count(*) ...``) returns."""
+    row = connection.sql(sql).fetchone()
+    if row is None:
+        raise ValueError(f"the aggregate query returned no row: {sql}")
+    return int(row[0])

@@ -38,6 +38,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot
 from pyiceberg.transforms import BucketTransform, IdentityTransform, TruncateTransform
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from lakehouse_assets import faults
 from lakehouse_assets.catalog.iceberg_types import iceberg_type_name
@@ -66,7 +67,8 @@ class SourceCursor:
     """The last source snapshot whose events are in the landing directory."""
 
     snapshot_id: int
-    sequence_number: int
+    sequence_number: int | None
+    """None on a format-v1 table, whose snapshots have no sequence number."""
 
 
 @dataclass(frozen=True)
@@ -99,13 +101,13 @@ def forget_cursor(paths: LakehousePaths, stream: StreamSpec) -> None:
 
 def load_source_table(lake: Lakehouse, stream: StreamSpec) -> Table | None:
     """The source table as last committed (PyIceberg, no JVM), from its own catalog if it has one."""
-    return lake.source(stream).table(stream.iceberg_source.table)
+    return lake.source(stream).table(stream.source_table.table)
 
 
 def source_table(lake: Lakehouse, stream: StreamSpec) -> Table:
     table = load_source_table(lake, stream)
     if table is None:
-        raise LakehouseError(f"stream {stream.name!r}: source table {stream.iceberg_source.table} does not exist")
+        raise LakehouseError(f"stream {stream.name!r}: source table {stream.source_table.table} does not exist")
     return table
 
 
@@ -129,14 +131,14 @@ def pending_snapshots(table: Table, stream: StreamSpec, cursor: SourceCursor | N
         return [current] if current else []
     by_id = {snapshot.snapshot_id: snapshot for snapshot in table.snapshots()}
     pending: list[Snapshot] = []
-    snapshot = current
+    snapshot: Snapshot | None = current
     while snapshot is not None and snapshot.snapshot_id != cursor.snapshot_id:
         pending.append(snapshot)
         snapshot = by_id.get(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
     if snapshot is None:
         problem = "has expired" if cursor.snapshot_id not in by_id else "is no longer an ancestor (a rollback?)"
         raise SourceCheckpointError(
-            f"stream {stream.name!r}: source {stream.iceberg_source.table} snapshot {cursor.snapshot_id}, the last "
+            f"stream {stream.name!r}: source {stream.source_table.table} snapshot {cursor.snapshot_id}, the last "
             f"one synced, {problem}, so the changes since cannot be computed. Re-run the initial load: "
             f"`lakehouse source reload --stream {stream.name}` (upserts every source row and deletes the "
             "downstream rows the source no longer has)"
@@ -154,7 +156,7 @@ def _events(rows: DataFrame, columns: list[str], operation: Column, stream: Stre
     data = [F.col(f"`{name}`") for name in columns]
     metadata = [
         operation.alias("iceberg_operation"),
-        F.lit(stream.iceberg_source.table).alias("iceberg_table_name"),
+        F.lit(stream.source_table.table).alias("iceberg_table_name"),
         F.lit(snapshot_id).alias("iceberg_snapshot_id"),
         (_document_id(keys) if keys else F.lit(None).cast("string")).alias("document_id"),
         F.when(operation == F.lit(DELETE), F.lit("DELETE")).otherwise(F.lit("INDEX")).alias("bulk_action"),
@@ -164,7 +166,7 @@ def _events(rows: DataFrame, columns: list[str], operation: Column, stream: Stre
 
 def _spark_name(stream: StreamSpec, suffix: str = "") -> str:
     """The source table (or one of its metadata tables) as Spark names it, in the source's catalog."""
-    return f"{stream.source_catalog_name}.{stream.iceberg_source.table}{suffix}"
+    return f"{stream.source_catalog_name}.{stream.source_table.table}{suffix}"
 
 
 def _snapshot_rows(spark: SparkSession, stream: StreamSpec, snapshot_id: int) -> DataFrame:
@@ -200,7 +202,7 @@ def _changelog(spark: SparkSession, stream: StreamSpec, snapshot: Snapshot) -> D
         options = f"map('end-snapshot-id', '{snapshot.snapshot_id}')"
     identifier_argument = f", identifier_columns => array({', '.join(repr(k) for k in keys)})" if keys else ""
     spark.sql(
-        f"CALL {stream.source_catalog_name}.system.create_changelog_view(table => '{stream.iceberg_source.table}', "
+        f"CALL {stream.source_catalog_name}.system.create_changelog_view(table => '{stream.source_table.table}', "
         f"options => {options}, changelog_view => '{view}', "
         f"compute_updates => {'true' if keys else 'false'}{identifier_argument})"
     )
@@ -263,6 +265,9 @@ def _compared_with_parent(spark: SparkSession, stream: StreamSpec, table: Table,
             f"stream {stream.name!r}: source snapshot {snapshot.snapshot_id} has delete files (merge-on-read), whose "
             "changes can only be computed by key; set source.iceberg.identifier_columns"
         )
+    parent = snapshot.parent_snapshot_id
+    if parent is None:  # a table's first snapshot has no delete files to compare through
+        raise LakehouseError(f"stream {stream.name!r}: source snapshot {snapshot.snapshot_id} has no parent")
     touched = (
         spark.read.option("snapshot-id", str(snapshot.snapshot_id))
         .table(_spark_name(stream, ".entries"))
@@ -273,7 +278,8 @@ def _compared_with_parent(spark: SparkSession, stream: StreamSpec, table: Table,
     after = _snapshot_rows(spark, stream, snapshot.snapshot_id)
     columns = after.columns
     types = {field.name: field.dataType for field in after.schema}
-    partitioned = bool(touched.schema["_partition"].dataType.fields)
+    partition_type = touched.schema["_partition"].dataType
+    partitioned = isinstance(partition_type, StructType) and bool(partition_type.fields)
     pushed = _pushed_partition_filter(stream, table, touched) if partitioned else None
 
     def in_touched_partitions(rows: DataFrame) -> DataFrame:
@@ -290,7 +296,7 @@ def _compared_with_parent(spark: SparkSession, stream: StreamSpec, table: Table,
         return with_partition.join(touched, on=matches, how="left_semi").drop("_partition")
 
     after = in_touched_partitions(after)
-    before = in_touched_partitions(_snapshot_rows(spark, stream, snapshot.parent_snapshot_id))
+    before = in_touched_partitions(_snapshot_rows(spark, stream, parent))
     added, removed = after.exceptAll(before), before.exceptAll(after)
     key_columns = [f"`{key}`" for key in keys]
     updated_keys = added.select(*key_columns).intersect(removed.select(*key_columns))
@@ -370,7 +376,7 @@ def emit_source_changes(spark: SparkSession, lake: Lakehouse, stream: StreamSpec
         table = source_table(lake, stream)
         cursor = read_cursor(lake.paths, stream)
         current = table.current_snapshot()
-        if cursor is None and stream.iceberg_source.disable_export and current is not None:
+        if cursor is None and stream.source_table.disable_export and current is not None:
             _write_cursor(lake.paths, stream, SourceCursor(current.snapshot_id, current.sequence_number))
             return [EmittedSnapshot(current.snapshot_id, "skipped load (disable_export)", {}, [])]
         emitted = []
