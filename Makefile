@@ -28,7 +28,9 @@ unit: $(BIN)/lakehouse
 
 ui: $(BIN)/lakehouse
 	$(BIN)/python -m lakehouse_assets.instance_settings
-	$(BIN)/dagster dev -w workspace.yaml -p $(PORT)
+	# SIGINT back to its default first: started in the background (`make ui &`, a script), it is
+	# ignored, and dagster dev, which takes SIGTERM as SIGINT, would then ignore both.
+	env --default-signal=INT $(BIN)/dagster dev -w workspace.yaml -p $(PORT)
 
 bench: $(BIN)/lakehouse
 	$(BIN)/python bench/pipeline_throughput.py

@@ -50,7 +50,7 @@ import yaml
 STREAM = "bench_events"
 TABLE = "bench.events"
 TABLE_ASSET = "bench/events"
-STAGING_ASSET = f"staging/{STREAM}"
+STAGING_ASSET = f"staging/{STREAM}_batches"
 LANDING_SENSOR = f"{STREAM}_landing_sensor"
 STAGE_JOB = f"{STREAM}_stage_job"
 SEQUENCE_TAG = "lakehouse/sequence"

@@ -142,7 +142,7 @@ def _round(events: list[str]) -> tuple[Round, list[str]]:
     with dg.DagsterInstance.get() as instance:
         records = instance.get_run_records()
         runs = {record.dagster_run.job_name: record.end_time - record.start_time for record in records}
-        stage = instance.get_latest_materialization_event(dg.AssetKey(["staging", "bench_orders"]))
+        stage = instance.get_latest_materialization_event(dg.AssetKey(["staging", "bench_orders_batches"]))
         staging = stage.asset_materialization.metadata["stage_seconds"].value
 
     land_events(lake.paths, stream, _events(1, seed=99)[:1])

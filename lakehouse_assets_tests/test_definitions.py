@@ -30,7 +30,7 @@ def test_workspace_yaml_loads_the_code_location(lakehouse_home):
 def test_asset_check_job_and_sensor_names_are_pinned(config):
     repository = build_definitions(config).get_repository_def()
     assert repository.asset_graph.get_all_asset_keys() == {
-        dg.AssetKey(["staging", "orders"]),
+        dg.AssetKey(["staging", "orders_batches"]),
         dg.AssetKey(["sales", "orders"]),
     }
     assert {key.name for key in repository.asset_graph.asset_check_keys} == {

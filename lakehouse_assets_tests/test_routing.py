@@ -130,7 +130,7 @@ def test_a_router_killed_mid_batch_routes_every_event_once_on_restart(routed, pa
 
     crashed = run_pipeline_process({faults.CRASH_ENV: crash_at})
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
-    restarted = run_pipeline_process()
+    restarted = run_pipeline_process(cold=crash_at == faults.ROUTER_DURING_PUBLISH)
 
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
     assert_every_messy_event_is_accounted_for(Lakehouse.from_env())

@@ -75,7 +75,9 @@ def complete_days_key(table_identifier: str) -> dg.AssetKey:
 
 
 def staged_batches_key(stream: str) -> dg.AssetKey:
-    return dg.AssetKey([STAGING_PREFIX, stream])
+    """``staging/<stream>_batches``: its own label in the lineage graph, which shows a key's last
+    part only (``staging/orders`` showed as ``orders``, like the table ``sales/orders``)."""
+    return dg.AssetKey([STAGING_PREFIX, f"{stream}_batches"])
 
 
 def source_key(stream: str) -> dg.AssetKey:

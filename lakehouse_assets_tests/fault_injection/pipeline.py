@@ -17,8 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from lakehouse_assets import faults
+from lakehouse_assets.catalog.table_metadata import is_hadoop_catalog
+from lakehouse_assets.catalog.tables import require_static_tables
+from lakehouse_assets.config import load_config
 from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.runner import dagster_instance, run_pipeline_until_idle
 
 ORDERS = {
     "name": "orders",
@@ -90,9 +94,30 @@ def remove_staged_parquet(lake: Lakehouse) -> None:
                 ledger.remove_attempts(record.sequence)
 
 
-def run_pipeline_process(extra_env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``lakehouse run --until-idle`` as a separate process with this test's homes and config."""
-    return run_lakehouse_process(list(RUN_UNTIL_IDLE), extra_env, timeout)
+def run_pipeline_process(
+    extra_env: dict[str, str] | None = None, timeout: float = 600, cold: bool = False
+) -> subprocess.CompletedProcess:
+    """``lakehouse run --until-idle`` with this test's homes and config: as a separate process when
+    it is to be killed, held or given another environment (``extra_env``), or ``cold`` (each family
+    of fault points keeps one cold restart); otherwise the same runs in this test process, on its
+    warm JVM, which is what a restart after a kill needs to prove and costs seconds instead of a
+    cold start (a process of its own, as the killed one was, so locks still exclude each other)."""
+    fault_armed = any(name in os.environ for name in (faults.CRASH_ENV, faults.FAIL_ENV, faults.PAUSE_ENV))
+    if cold or extra_env or fault_armed or not is_hadoop_catalog(load_config().catalog):
+        # Another catalog may need jars this worker's JVM was started without (a JDBC driver).
+        return run_lakehouse_process(list(RUN_UNTIL_IDLE), extra_env, timeout)
+    return run_pipeline_in_this_process()
+
+
+def run_pipeline_in_this_process() -> subprocess.CompletedProcess:
+    """What ``lakehouse run --until-idle`` does, in this process, reported as its process would."""
+    lines: list[str] = []
+    lake = Lakehouse.from_env()
+    require_static_tables(lake)
+    with dagster_instance(lake.paths) as instance:
+        report = run_pipeline_until_idle(instance, log=lines.append)
+    lines.append(f"idle: {len(report.succeeded)} runs succeeded, {len(report.failed)} failed")
+    return subprocess.CompletedProcess(list(RUN_UNTIL_IDLE), 1 if report.failed else 0, "\n".join(lines), "")
 
 
 def run_lakehouse_process(
@@ -110,12 +135,13 @@ def run_lakehouse_process(
     )
 
 
-def kill_at_then_restart(point: str) -> None:
+def kill_at_then_restart(point: str, cold_restart: bool = False) -> None:
     """Run the pipeline until it is killed (SIGKILL) at fault point ``point``, then run it again to
-    the end; fails when the point is never reached or the restart fails."""
+    the end (in this process unless ``cold_restart``); fails when the point is never reached or the
+    restart fails."""
     crashed = run_pipeline_process({faults.CRASH_ENV: point})
     assert crashed.returncode == -signal.SIGKILL, f"never reached {point}:\n{crashed.stdout[-3000:]}"
-    restarted = run_pipeline_process()
+    restarted = run_pipeline_process(cold=cold_restart)
     assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
 
 

@@ -81,7 +81,7 @@ def test_maintenance_killed_between_checkpoint_and_expiry(lake):
     crashed = run_lakehouse_process(["maintain"], {faults.CRASH_ENV: faults.MAINTENANCE_AFTER_CHECKPOINT})
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-3000:] + crashed.stderr[-3000:]
     land_round(lake, 2)
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline_process(cold=True).returncode == 0
     assert invariant_violations(lake) == []
 
     _maintain()
