@@ -11,8 +11,9 @@ of each stream (``land_events``: write, fsync, rename, as ``lakehouse ingest`` d
 seeded random intervals of ``--min-gap``-``--max-gap`` seconds, it SIGKILLs one process of the
 runtime (or, for ``--sigterm-share`` of them, sends SIGTERM as a supervisor stopping it would): the
 Spark host, the host's JVM, a run worker, or (at least once, ``--orchestrator-kills``) the whole
-``dagster dev`` process group, which it then starts again as an operator's supervisor would. After the last chunk it waits, up to ``--drain-timeout``, until DuckDB reads every table
-equal to its oracle (the append ids once each; the key model of the changes applied in order; each
+``dagster dev`` process group, which it then starts again as an operator's supervisor would.
+After the last chunk it waits, up to ``--drain-timeout``, until DuckDB reads every table equal to
+its oracle (the append ids once each; the key model of the changes applied in order; each
 region's ids once each) and no run is queued or in progress, then reports the kills, the drain
 time after the last kill, every run left in a non-final state, and which processes of ``dagster
 dev`` were still alive 30 s after the SIGTERM that stops it.
