@@ -108,7 +108,7 @@ def maintain(args: argparse.Namespace) -> int:
             for observation in result.asset_observations_for_node(op_name):
                 print(f"{observation.asset_key.to_user_string().replace('/', '.')}:")
                 for key, entry in observation.metadata.items():
-                    print(f"  {key.replace('_', ' ')}: {entry.value}")
+                    print(f"  {key}: {entry.value}")
             if not result.success:
                 failed += 1
                 print(f"{', '.join(covered)}: maintenance run {result.run_id} FAILED; see `dagster dev` for its logs")

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from lakehouse_assets import faults
 from lakehouse_assets.catalog.table_metadata import is_hadoop_catalog
 from lakehouse_assets.catalog.tables import require_static_tables
 from lakehouse_assets.config import load_config
+from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import dagster_instance, run_pipeline_until_idle
@@ -110,14 +112,22 @@ def run_pipeline_process(
 
 
 def run_pipeline_in_this_process() -> subprocess.CompletedProcess:
-    """What ``lakehouse run --until-idle`` does, in this process, reported as its process would."""
+    """What ``lakehouse run --until-idle`` does, in this process, reported as its process would:
+    exit code 1 when a run failed or an error escaped (a traceback), 2 with the one-line message
+    for the package's own errors."""
     lines: list[str] = []
-    lake = Lakehouse.from_env()
-    require_static_tables(lake)
-    with dagster_instance(lake.paths) as instance:
-        report = run_pipeline_until_idle(instance, log=lines.append)
+    arguments = list(RUN_UNTIL_IDLE)
+    try:
+        lake = Lakehouse.from_env()
+        require_static_tables(lake)
+        with dagster_instance(lake.paths) as instance:
+            report = run_pipeline_until_idle(instance, log=lines.append)
+    except LakehouseError as error:
+        return subprocess.CompletedProcess(arguments, 2, "\n".join(lines), f"lakehouse: {error}")
+    except Exception:  # noqa: BLE001 - as an uncaught error ends the command's process
+        return subprocess.CompletedProcess(arguments, 1, "\n".join(lines), traceback.format_exc())
     lines.append(f"idle: {len(report.succeeded)} runs succeeded, {len(report.failed)} failed")
-    return subprocess.CompletedProcess(list(RUN_UNTIL_IDLE), 1 if report.failed else 0, "\n".join(lines), "")
+    return subprocess.CompletedProcess(arguments, 1 if report.failed else 0, "\n".join(lines), "")
 
 
 def run_lakehouse_process(

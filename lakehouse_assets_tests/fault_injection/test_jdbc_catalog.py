@@ -246,7 +246,7 @@ def test_two_hosts_maintaining_one_table_at_once_keep_recovery_exactly_once(lake
         maintained = run_lakehouse_process(["maintain"], host_b)
         assert maintained.returncode == 0, maintained.stdout[-3000:] + maintained.stderr[-3000:]
     # Host A's first checkpoint was refused (the table had moved) and computed again.
-    assert "expire_snapshots.checkpoint_attempts 2" in host_a_log.read_text()
+    assert "expire_snapshots.checkpoint_attempts: 2" in host_a_log.read_text()
 
     # Host A has recorded its checkpoints and is about to expire; host B commits twice meanwhile,
     # so counting the last two snapshots from the new head would expire what the checkpoint lacks.
