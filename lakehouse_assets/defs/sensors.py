@@ -1,6 +1,7 @@
 """Sensors: landing files -> writer runs (micro-batches), staged batches -> committer runs."""
 
 import time
+from typing import NamedTuple
 
 import dagster as dg
 
@@ -84,12 +85,20 @@ def _retries_exhausted(instance: dg.DagsterInstance, run: dg.DagsterRun, failed_
         return True
 
 
-def unstaged_batch_request(
-    instance: dg.DagsterInstance, batch: MintedBatch, now: float
-) -> tuple[dg.RunRequest | None, str | None]:
+class UnstagedBatch(NamedTuple):
+    """What the landing sensor does about a minted batch that is not staged yet."""
+
+    request: dg.RunRequest | None
+    note: str | None
+    """What the tick says of it (None when all is well)."""
+    failed: bool = False
+    """Its writer run failed past Dagster's retries: the note is also a warning in the log."""
+
+
+def unstaged_batch_request(instance: dg.DagsterInstance, batch: MintedBatch, now: float) -> UnstagedBatch:
     """The request for a minted batch that is not staged yet, under the sensor daemon, and what to
-    tell the operator on the tick (None when all is well). No request while the batch's latest
-    writer run is queued or in progress: the note names it.
+    tell the operator on the tick. No request while the batch's latest writer run is queued or in
+    progress: the note names it.
 
     The daemon launches a run key once and Dagster retries a failed run at most ``max_retries``
     times, so the batch is requested under the run key of its latest attempt (a duplicate the
@@ -104,26 +113,22 @@ def unstaged_batch_request(
     latest = records[0].dagster_run if records else None
     retry = int(latest.tags.get(names.WRITER_RETRY_TAG, "0")) if latest else 0
     if latest is None:
-        return writer_run_request(batch, retry), None
+        return UnstagedBatch(writer_run_request(batch, retry), None)
     if latest.status in IN_PROGRESS:
         # The daemon would skip the request as a run key already used, and the tick would say
         # "0 runs requested" with the reason in the daemon's log only.
-        return (
-            None,
-            f"batch {batch.stream}:{batch.sequence} waits for writer run {latest.run_id} ({latest.status.value})",
-        )
+        waiting = f"batch {batch.stream}:{batch.sequence} waits for writer run {latest.run_id} ({latest.status.value})"
+        return UnstagedBatch(None, waiting)
     failed_at = records[0].end_time or records[0].update_timestamp.timestamp()
     if latest.status not in FAILED or not _retries_exhausted(instance, latest, failed_at, now):
-        return writer_run_request(batch, retry), None
+        return UnstagedBatch(writer_run_request(batch, retry), None)
     backoff = writer_retry_backoff(retry + 1)
     failure = f"batch {batch.stream}:{batch.sequence}: writer run {latest.run_id} failed and Dagster will not retry it"
     if now < failed_at + backoff:
-        return None, (
-            f"{failure}; requesting the batch again (retry {retry + 1}) in {failed_at + backoff - now:.0f}s "
-            f"({backoff:.0f}s after the failure)"
-        )
+        when = f"in {failed_at + backoff - now:.0f}s ({backoff:.0f}s after the failure)"
+        return UnstagedBatch(None, f"{failure}; requesting the batch again (retry {retry + 1}) {when}", failed=True)
     reason = f"{failure}; requested again (retry {retry + 1}) {backoff:.0f}s after the failure"
-    return writer_run_request(batch, retry + 1, reason), reason
+    return UnstagedBatch(writer_run_request(batch, retry + 1, reason), reason, failed=True)
 
 
 def landing_sensor_interval(stream: StreamSpec) -> int:
@@ -176,11 +181,10 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
             # wait for the next batch.
             now, requests, notes = time.time(), [], []
             for record in unfinished:
-                request, note = unstaged_batch_request(context.instance, record.minted, now)
+                request, note, failed = unstaged_batch_request(context.instance, record.minted, now)
                 requests += [request] if request else []
                 notes += [note] if note else []
-            for note in notes:
-                if "failed" in note:
+                if failed:
                     context.log.warning(note)
             if not requests:
                 return dg.SkipReason("; ".join(notes))

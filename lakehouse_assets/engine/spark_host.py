@@ -11,8 +11,10 @@ Spark Connect is the library's way for a Python process to drive a remote Spark;
 Spark 3.5 ships only through Maven, and Iceberg's runtime for Spark 4 is not on PyPI, so this
 project carries this small host instead. It runs the very engine functions a run would run, with
 the same table locks, fences and ancestry checks: a host killed mid-call is a process killed at
-that point (what the fault suite proves safe), and a run that dies while its call goes on leaves a
-call that completes or not, idempotently, and is repeated by the next run.
+that point (what the fault suite proves safe), and the calling run starts a new host and repeats
+the call; a run that dies while its call goes on leaves a call that completes or not, idempotently,
+and is repeated by the next run. A host whose JVM died exits, and one told to stop (SIGTERM)
+answers its calls in flight first.
 
 A landing sensor that sees events coming starts the host without waiting for it, so the JVM starts
 while the batch fills; otherwise the first run that needs it does (detached, logging to

@@ -240,8 +240,9 @@ def test_a_writer_run_failed_past_its_retries_is_requested_again_after_a_backoff
         assert "requesting the batch again (retry 1) in" in tick.skip_message
         failed_at = instance.get_run_record_by_id(run.run_id).end_time
         minted = lake.ledger("orders").batch(2).minted
-        assert unstaged_batch_request(instance, minted, failed_at + 4)[0] is None
-        retry, reason = unstaged_batch_request(instance, minted, failed_at + 5)
+        assert unstaged_batch_request(instance, minted, failed_at + 4).request is None
+        retry, reason, failed = unstaged_batch_request(instance, minted, failed_at + 5)
+        assert failed
         assert retry.run_key == "orders:2:retry-1" and retry.tags[names.WRITER_RETRY_TAG] == "1"
         assert retry.tags[names.WRITER_RETRY_REASON_TAG] == reason and run.run_id in reason
 
