@@ -24,8 +24,8 @@ from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.quality.duck import iceberg_connection
 
-FORMATS = ("table", "json", "csv")
 MAX_TABLE_ROWS = 1000
+"""The most rows the aligned table prints (``--json`` and ``--csv`` print all)."""
 
 
 class QueryError(LakehouseError):
@@ -57,8 +57,7 @@ def connect(
     found_snapshot = snapshot_id is None
     for identifier in table_names(lake):
         table = lake.table(identifier)
-        location = lake.metadata_location(identifier)
-        if table is None or location is None or table.current_snapshot() is None:
+        if table is None or table.current_snapshot() is None:
             continue
         at = ""
         if snapshot_id is not None and table.snapshot_by_id(snapshot_id) is not None:
@@ -69,7 +68,7 @@ def connect(
             at = f", snapshot_from_timestamp => TIMESTAMP '{as_of.isoformat(sep=' ')}'"
         namespace, name = identifier.rsplit(".", 1)
         connection.execute(f'CREATE SCHEMA IF NOT EXISTS "{namespace}"')
-        escaped = location.replace("'", "''")
+        escaped = table.metadata_location.replace("'", "''")
         connection.execute(
             f'CREATE OR REPLACE VIEW "{namespace}"."{name}" AS SELECT * FROM iceberg_scan(\'{escaped}\'{at})'
         )
@@ -151,6 +150,8 @@ def sql_session(
     None; returns the exit code (a failed statement of a session is reported and the session goes on)."""
     connection = connect(lake, snapshot_id, as_of)
     known = view_names(connection)
+    if as_of is not None and not known:
+        raise QueryError(f"no table had a commit by {as_of.isoformat()}")
     if query is not None:
         write_result(run_query(connection, query, known), output_format)
         return 0
