@@ -502,6 +502,9 @@ class SparkHostSpec(_Strict):
     """A landing sensor that sees events pending starts the host at once (without waiting for it),
     so its JVM starts while the batch fills and its run is queued; false: the first run that needs
     the host starts it."""
+    call_timeout: Duration = Field(default=3600.0, gt=0)
+    """A call the host has not answered after this long is taken for a hung host: the host is
+    killed (as a crash at that point, which every call survives) and the run fails, to be run again."""
 
 
 class LakehouseConfig(_Strict):

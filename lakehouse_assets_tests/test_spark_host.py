@@ -19,11 +19,12 @@ from lakehouse_assets.config import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.engine.spark_host import call_on_host, host_pid
+from lakehouse_assets.engine.spark_host import SparkHostError, call_on_host, host_pid
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.staging import stage_batch
+from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets_tests.conftest import order_event, write_config
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
@@ -182,6 +183,24 @@ def test_a_host_told_to_stop_during_a_call_answers_it_and_exits_cleanly(lake, mo
     text = (lake.paths.state / "spark-host.log").read_text()
     assert "SIGTERM: taking no new calls" in text and "stopped" in text and "Traceback" not in text
     assert call_on_host(lake, _process_id) != host, "the next call starts a new host"
+
+
+def _sleep(_spark, _lake, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_host_that_does_not_answer_within_the_call_timeout_is_killed(tmp_path, lake, monkeypatch, stops_hosts):
+    document = yaml.safe_load(Path(os.environ["LAKEHOUSE_CONFIG"]).read_text())
+    document["spark_host"] = {"call_timeout": "2s"}
+    write_config(tmp_path, document, monkeypatch)
+    hung = Lakehouse.from_env()
+    host = call_on_host(hung, _process_id)
+
+    with pytest.raises(SparkHostError, match="did not answer _sleep within spark_host.call_timeout"):
+        call_on_host(hung, _sleep, 60)
+
+    assert _exit_status(host) == -signal.SIGKILL
+    assert call_on_host(hung, _process_id) != host, "the next call starts a new host"
 
 
 def _exit_status(pid: int) -> int | None:

@@ -223,6 +223,13 @@ def call_on_host(lake: Lakehouse, function: Callable[..., Any], *args: Any, **kw
         try:
             with _connect_or_start(lake) as connection:
                 connection.send((function, lake, args, kwargs))
+                if not connection.poll(lake.config.spark_host.call_timeout):
+                    _kill_hung_host(lake)
+                    raise SparkHostError(
+                        f"the Spark host did not answer {function.__name__} within spark_host.call_timeout "
+                        f"({lake.config.spark_host.call_timeout:g}s); it was killed, and the call completed or "
+                        f"not, atomically, as at any crash (see {_log_file(lake)})"
+                    )
                 status, payload = connection.recv()
         except (EOFError, OSError, HostExitedError) as lost:
             what = f"the Spark host died during {function.__name__} ({type(lost).__name__}: {lost})"
@@ -237,6 +244,16 @@ def call_on_host(lake: Lakehouse, function: Callable[..., Any], *args: Any, **kw
             raise payload
         return payload
     raise AssertionError("unreachable")
+
+
+def _kill_hung_host(lake: Lakehouse) -> None:
+    """SIGKILL the home's host, known by the alive lock it holds (so no other process's id)."""
+    address = host_address(lake)
+    if _host_running(lake, address):
+        try:
+            os.kill(int(_alive_lock(lake, address).read_text().split()[0]), signal.SIGKILL)
+        except (ProcessLookupError, ValueError, IndexError):
+            pass  # it exited meanwhile
 
 
 def _log_file(lake: Lakehouse) -> Path:
