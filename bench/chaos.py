@@ -221,6 +221,20 @@ def victims(work: dev.Workdir, kind: str) -> list[int]:
     raise ValueError(kind)
 
 
+def find_victim(work: dev.Workdir, kinds: list[str], until: float) -> tuple[str, list[int]] | None:
+    """The first of ``kinds`` with live processes, and them: the drawn kind (``kinds[0]``) is waited
+    for up to ``VICTIM_WAIT_SECONDS``, then any; between runs none may be alive, so look again
+    until ``until`` (the next kill's moment)."""
+    drawn_until = time.monotonic() + VICTIM_WAIT_SECONDS
+    while True:
+        for kind in kinds if time.monotonic() >= drawn_until else kinds[:1]:
+            if candidates := victims(work, kind):
+                return kind, candidates
+        if time.monotonic() >= until:
+            return None
+        time.sleep(0.2)
+
+
 class Orchestrator:
     """``dagster dev`` as a supervisor keeps it: started, killed whole, started again."""
 
@@ -266,27 +280,22 @@ def chaos(args: argparse.Namespace, orchestrator: Orchestrator, deadline: float)
             print(f"  kill {len(kills)}: dagster dev (whole process group); starting it again")
             orchestrator.start()
             continue
-        kinds = rng.sample(KINDS[:3], 3)
-        for kind in kinds:  # the drawn kind first (waiting a few seconds for one); another if none runs
-            candidates = victims(orchestrator.work, kind)
-            waited_until = time.monotonic() + (VICTIM_WAIT_SECONDS if kind == kinds[0] else 0)
-            while not candidates and time.monotonic() < waited_until:
-                time.sleep(0.2)
-                candidates = victims(orchestrator.work, kind)
-            if candidates:
-                pid = rng.choice(candidates)
-                # Mostly SIGKILL (a crash); now and then SIGTERM (a supervisor stopping it), which
-                # must end the process cleanly and lose nothing either.
-                sent = signal.SIGTERM if rng.random() < args.sigterm_share else signal.SIGKILL
-                try:
-                    os.kill(pid, sent)
-                except ProcessLookupError:
-                    continue
-                kills.append({"at": time.time(), "kind": kind, "pid": pid, "signal": sent.name})
-                print(f"  kill {len(kills)}: {kind} {pid} ({sent.name})")
-                break
-        else:
-            print(f"  (no process of the runtime to kill at {time.time():.0f})")
+        next_moment = moments[index + 1] if index + 1 < len(moments) else deadline
+        found = find_victim(orchestrator.work, rng.sample(KINDS[:3], 3), next_moment)
+        if found is None:
+            print(f"  (no process of the runtime ran until the next kill at {time.time():.0f})")
+            continue
+        kind, candidates = found
+        pid = rng.choice(candidates)
+        # Mostly SIGKILL (a crash); now and then SIGTERM (a supervisor stopping it), which must end
+        # the process cleanly and lose nothing either.
+        sent = signal.SIGTERM if rng.random() < args.sigterm_share else signal.SIGKILL
+        try:
+            os.kill(pid, sent)
+        except ProcessLookupError:
+            continue
+        kills.append({"at": time.time(), "kind": kind, "pid": pid, "signal": sent.name})
+        print(f"  kill {len(kills)}: {kind} {pid} ({sent.name})")
     return kills
 
 

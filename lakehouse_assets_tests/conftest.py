@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,13 +17,42 @@ import yaml
 from lakehouse_assets.config import LakehouseConfig, load_config
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets_tests.postgres_server import PostgresServer, postgres_server
+from lakehouse_assets_tests.class_data_archive import ARCHIVE_OPTION, build_archive
+from lakehouse_assets_tests.postgres_server import (
+    TEST_JVM_CLASS_PATH_ENV,
+    PostgresServer,
+    jdbc_driver_class_path,
+    postgres_server,
+)
 
 # Tests start hundreds of short-lived JVMs (a pipeline process each) for small jobs: with the JIT's
 # first tier only, and the serial collector, they start faster and leave the two cores to the work
 # instead of the optimizing compiler. Set for the whole session, so every JVM a test starts, in
 # this process or in a child, runs with them; a developer's own setting wins.
-os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+JAVA_OPTIONS_ENV = "JAVA_TOOL_OPTIONS"
+SUITE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault(JAVA_OPTIONS_ENV, SUITE_JAVA_OPTIONS)
+# A test process's own JVM has PostgreSQL's JDBC driver (at the end of its class path), so the JDBC
+# catalog tests run their rounds on it, warm, as the other fault tests do. The ``lakehouse``
+# processes a test starts are not given it (``fault_injection.pipeline.process_env``): there the
+# driver comes from the config's ``spark.jars``, as a user's does.
+if (jdbc_driver := jdbc_driver_class_path()) is not None:
+    os.environ.setdefault(TEST_JVM_CLASS_PATH_ENV, jdbc_driver)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before the workers start: when Spark tests are selected and the JVM options are the suite's,
+    build the class-data-sharing archive every JVM of the session then starts from."""
+    if hasattr(config, "workerinput") or "not spark" in config.option.markexpr:
+        return
+    if os.environ[JAVA_OPTIONS_ENV] != SUITE_JAVA_OPTIONS:
+        return
+    directory = Path(tempfile.mkdtemp(prefix="lakehouse-test-jvm-"))
+    config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
+    archive = directory / "classes.jsa"
+    if build_archive(archive):
+        os.environ[JAVA_OPTIONS_ENV] = f"{SUITE_JAVA_OPTIONS} {ARCHIVE_OPTION}{archive}"
+
 
 ORDERS_STREAM = {
     "name": "orders",

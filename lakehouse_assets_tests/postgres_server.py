@@ -24,6 +24,9 @@ import psycopg2
 SERVER_USER = "postgres"
 DEBIAN_BINARIES = "/usr/lib/postgresql/*/bin"
 JDBC_DRIVER_JARS = ("/usr/share/java/postgresql.jar",)
+# Jars Spark's launcher appends to a JVM's class path: the tests give their own processes' JVMs the
+# JDBC driver with it (``conftest.py``).
+TEST_JVM_CLASS_PATH_ENV = "SPARK_DIST_CLASSPATH"
 
 
 @dataclass(frozen=True)
@@ -68,10 +71,14 @@ def server_binary(name: str) -> str:
 
 def jdbc_driver_jar() -> str:
     """The PostgreSQL JDBC driver jar (Debian's ``libpostgresql-jdbc-java``)."""
-    for jar in JDBC_DRIVER_JARS:
-        if Path(jar).is_file():
-            return jar
+    if (jar := jdbc_driver_class_path()) is not None:
+        return jar
     raise RuntimeError("the PostgreSQL JDBC driver is not installed: apt-get install libpostgresql-jdbc-java")
+
+
+def jdbc_driver_class_path() -> str | None:
+    """The JDBC driver jar if this machine has it, else None."""
+    return next((jar for jar in JDBC_DRIVER_JARS if Path(jar).is_file()), None)
 
 
 def _free_port() -> int:

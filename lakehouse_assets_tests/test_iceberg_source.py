@@ -18,7 +18,7 @@ from lakehouse_assets.ops.status import lakehouse_status
 from lakehouse_assets.quality.duck import iceberg_connection
 from lakehouse_assets.runner import run_pipeline_until_idle
 from lakehouse_assets_tests.conftest import write_config
-from lakehouse_assets_tests.fault_injection.pipeline import run_pipeline_process
+from lakehouse_assets_tests.fault_injection.pipeline import run_pipeline
 
 pytestmark = pytest.mark.spark
 
@@ -121,9 +121,9 @@ def test_a_crash_after_emitting_before_the_checkpoint_applies_each_change_once(w
     spark.sql("UPDATE lake.src.accounts SET balance = balance + 1")
     spark.sql("INSERT INTO lake.src.accounts VALUES (3, 'cy', 30.00, 'eu')")
 
-    crashed = run_pipeline_process({faults.CRASH_ENV: faults.SOURCE_AFTER_EMIT})
+    crashed = run_pipeline({faults.CRASH_ENV: faults.SOURCE_AFTER_EMIT})
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
-    restarted = run_pipeline_process()
+    restarted = run_pipeline()
 
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
     columns = "id, name, balance, region"

@@ -15,7 +15,7 @@ from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.replay import replay_dead_letters
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import write_config
-from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse_process
+from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse
 
 pytestmark = pytest.mark.spark
 
@@ -90,13 +90,13 @@ def test_a_replay_killed_between_its_dead_letter_and_table_commits_places_every_
     lake = Lakehouse(_reject_then_fix(paths, tmp_path, monkeypatch, instance), paths)
     replay_dead_letters(lake, "sales.orders", reason="amount")
 
-    crashed = run_lakehouse_process(["run", "--until-idle"], {faults.CRASH_ENV: faults.COMMITTER_AFTER_DEAD_LETTERS})
+    crashed = run_lakehouse(["run", "--until-idle"], {faults.CRASH_ENV: faults.COMMITTER_AFTER_DEAD_LETTERS})
 
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
     # The replayed rows left the dead-letter table; the table commit of their batch is pending.
     assert _rows(lake, "sales.orders_dead_letters", "reason") == [("missing required field 'order_id'",)]
     assert _rows(lake, "sales.orders", "order_id") == [(1,)]
-    restarted = run_lakehouse_process(["run", "--until-idle"])
+    restarted = run_lakehouse(["run", "--until-idle"])
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
     assert _rows(lake, "sales.orders", "order_id", "amount") == [(1, 1.5), (2, None), (3, None)]
     assert _rows(lake, "sales.orders_dead_letters", "reason") == [("missing required field 'order_id'",)]

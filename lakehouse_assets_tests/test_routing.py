@@ -23,7 +23,7 @@ from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.replay import replay_dead_letters
 from lakehouse_assets.runner import run_job, run_pipeline_until_idle
 from lakehouse_assets_tests.conftest import write_config
-from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse_process, run_pipeline_process
+from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse, run_pipeline
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
 pytestmark = pytest.mark.spark
@@ -128,9 +128,9 @@ def test_a_router_killed_mid_batch_routes_every_event_once_on_restart(routed, pa
     lake = Lakehouse(routed, paths)
     drop_landing_files(lake, *MESSY_FILES)
 
-    crashed = run_pipeline_process({faults.CRASH_ENV: crash_at})
+    crashed = run_pipeline({faults.CRASH_ENV: crash_at})
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
-    restarted = run_pipeline_process(cold=crash_at == faults.ROUTER_DURING_PUBLISH)
+    restarted = run_pipeline(cold=crash_at == faults.ROUTER_DURING_PUBLISH)
 
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
     assert_every_messy_event_is_accounted_for(Lakehouse.from_env())
@@ -263,7 +263,7 @@ def test_a_database_of_tables_commits_every_event_once_in_runs_independent_of_th
             assert checked == materialization.metadata["snapshot_id"].value
 
     # `lakehouse check` runs the blocking checks of every routed table in one run per router.
-    checked = run_lakehouse_process(["check"])
+    checked = run_lakehouse(["check"])
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout.count("rows_reconcile_with_batches: passed") == 40
 
@@ -307,14 +307,14 @@ def test_the_routed_tables_committer_killed_mid_cycle_commits_every_event_once_o
     assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
     second_round = land_tenant_events(paths, 60, 60, tables=6)
 
-    crashed = run_pipeline_process({faults.CRASH_ENV: crash_at})
+    crashed = run_pipeline({faults.CRASH_ENV: crash_at})
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
     if crash_at == faults.WRITER_AFTER_STAGING:
         # Killed inside the grouped staging: every table's batch has its attempt, none is recorded.
         for index in range(6):
             latest = StreamLedger(paths.staging(routed_stream_name("tenants", f"t.tenant_{index:02d}"))).latest()
             assert latest.staged is None and list(latest.directory.glob(f"attempt-*/{EVENTS_DIR}"))
-    restarted = run_pipeline_process()
+    restarted = run_pipeline()
 
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
     assert_tenant_tables_hold(Lakehouse.from_env(), first_round + second_round)

@@ -21,7 +21,7 @@ from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import write_config
-from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse_process
+from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse
 
 pytestmark = pytest.mark.spark
 
@@ -129,12 +129,12 @@ def test_a_crash_after_the_schema_change_before_the_commit_loses_nothing(evolvin
     lake = Lakehouse(evolving, paths)
     land_events(paths, evolving.stream("events"), [json.dumps({"id": 1, "kind": "a", "score": 2.5})])
 
-    crashed = run_lakehouse_process(["run", "--until-idle"], {faults.CRASH_ENV: faults.COMMITTER_AFTER_SCHEMA_CHANGE})
+    crashed = run_lakehouse(["run", "--until-idle"], {faults.CRASH_ENV: faults.COMMITTER_AFTER_SCHEMA_CHANGE})
 
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
     assert "score" in _columns(lake)
     assert lake.table("web.events").current_snapshot() is None
-    restarted = run_lakehouse_process(["run", "--until-idle"])
+    restarted = run_lakehouse(["run", "--until-idle"])
     assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-2000:]
     assert _rows(lake, "id", "kind", "score") == [(1, "a", 2.5)]
     summary = lake.table("web.events").current_snapshot().summary.additional_properties

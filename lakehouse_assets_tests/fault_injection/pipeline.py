@@ -6,6 +6,7 @@ round lands new events in both, including one event per stream that must be dead
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -14,17 +15,17 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
-from lakehouse_assets import faults
-from lakehouse_assets.catalog.table_metadata import is_hadoop_catalog
-from lakehouse_assets.catalog.tables import require_static_tables
-from lakehouse_assets.config import load_config
-from lakehouse_assets.errors import LakehouseError
+import pytest
+
+from lakehouse_assets import cli, faults
+from lakehouse_assets.config import CONFIG_ENV
 from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.runner import dagster_instance, run_pipeline_until_idle
+from lakehouse_assets.paths import HOME_ENV, STORAGE_ROOT_ENV
+from lakehouse_assets_tests.postgres_server import TEST_JVM_CLASS_PATH_ENV
 
 ORDERS = {
     "name": "orders",
@@ -69,6 +70,10 @@ AGGRESSIVE_MAINTENANCE = {
 PIPELINE = {"streams": [{**stream, "maintenance": AGGRESSIVE_MAINTENANCE} for stream in (ORDERS, CUSTOMERS)]}
 OPERATIONS = ("c", "u", "d", "u", "c")
 RUN_UNTIL_IDLE = ("run", "--until-idle")
+FAULT_ENVS = (faults.CRASH_ENV, faults.FAIL_ENV, faults.PAUSE_ENV)
+# What a command run in this process may be given: other homes and storage root (a second host).
+IN_PROCESS_ENVS = {HOME_ENV, "DAGSTER_HOME", CONFIG_ENV, STORAGE_ROOT_ENV}
+Completed = subprocess.CompletedProcess
 
 
 def land_round(lake: Lakehouse, round_number: int) -> None:
@@ -96,62 +101,65 @@ def remove_staged_parquet(lake: Lakehouse) -> None:
                 ledger.remove_attempts(record.sequence)
 
 
-def run_pipeline_process(
-    extra_env: dict[str, str] | None = None, timeout: float = 600, cold: bool = False
-) -> subprocess.CompletedProcess:
-    """``lakehouse run --until-idle`` with this test's homes and config: as a separate process when
-    it is to be killed, held or given another environment (``extra_env``), or ``cold`` (each family
-    of fault points keeps one cold restart); otherwise the same runs in this test process, on its
-    warm JVM, which is what a restart after a kill needs to prove and costs seconds instead of a
-    cold start (a process of its own, as the killed one was, so locks still exclude each other)."""
-    fault_armed = any(name in os.environ for name in (faults.CRASH_ENV, faults.FAIL_ENV, faults.PAUSE_ENV))
-    if cold or extra_env or fault_armed or not is_hadoop_catalog(load_config().catalog):
-        # Another catalog may need jars this worker's JVM was started without (a JDBC driver).
-        return run_lakehouse_process(list(RUN_UNTIL_IDLE), extra_env, timeout)
-    return run_pipeline_in_this_process()
+def run_pipeline(extra_env: dict[str, str] | None = None, timeout: float = 600, cold: bool = False) -> Completed:
+    """``lakehouse run --until-idle`` with this test's homes and config, as :func:`run_lakehouse`."""
+    return run_lakehouse(list(RUN_UNTIL_IDLE), extra_env, timeout, cold)
 
 
-def run_pipeline_in_this_process() -> subprocess.CompletedProcess:
-    """What ``lakehouse run --until-idle`` does, in this process, reported as its process would:
-    exit code 1 when a run failed or an error escaped (a traceback), 2 with the one-line message
-    for the package's own errors."""
-    lines: list[str] = []
-    arguments = list(RUN_UNTIL_IDLE)
-    try:
-        lake = Lakehouse.from_env()
-        require_static_tables(lake)
-        with dagster_instance(lake.paths) as instance:
-            report = run_pipeline_until_idle(instance, log=lines.append)
-    except LakehouseError as error:
-        return subprocess.CompletedProcess(arguments, 2, "\n".join(lines), f"lakehouse: {error}")
-    except Exception:  # noqa: BLE001 - as an uncaught error ends the command's process
-        return subprocess.CompletedProcess(arguments, 1, "\n".join(lines), traceback.format_exc())
-    lines.append(f"idle: {len(report.succeeded)} runs succeeded, {len(report.failed)} failed")
-    return subprocess.CompletedProcess(arguments, 1 if report.failed else 0, "\n".join(lines), "")
+def run_lakehouse(
+    arguments: list[str], extra_env: dict[str, str] | None = None, timeout: float = 600, cold: bool = False
+) -> Completed:
+    """``lakehouse <arguments>`` with this test's homes and config (and ``extra_env``).
 
-
-def run_lakehouse_process(
-    arguments: list[str], extra_env: dict[str, str] | None = None, timeout: float = 600
-) -> subprocess.CompletedProcess:
-    """``lakehouse <arguments>`` as a separate process with this test's homes and config."""
+    A separate process when it is to be killed or held at a fault point, needs a JVM of its own (a
+    Spark master), or is ``cold`` (each family of fault points keeps one cold restart). Otherwise
+    the same command runs in this test process, on its warm JVM: that is what a restart after a
+    kill, or a second host sharing only the catalog and the storage, needs to prove, and it costs
+    seconds instead of a cold start. Locks still exclude each other: each is a process's own.
+    """
     env = {**os.environ, **(extra_env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "lakehouse_assets.cli", *arguments],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    if cold or any(name in env for name in FAULT_ENVS) or set(extra_env or {}) - IN_PROCESS_ENVS:
+        return subprocess.run(
+            [sys.executable, "-m", "lakehouse_assets.cli", *arguments],
+            env=process_env(extra_env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    return run_lakehouse_in_this_process(arguments, extra_env or {})
+
+
+def run_lakehouse_in_this_process(arguments: list[str], extra_env: dict[str, str]) -> Completed:
+    """``lakehouse <arguments>`` in this process with ``extra_env`` set, reported as its process
+    would: its exit code and output, and 1 with a traceback when an error escapes."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as monkeypatch, redirect_stdout(stdout), redirect_stderr(stderr):
+        for name, value in extra_env.items():
+            monkeypatch.setenv(name, value)
+        try:
+            code = cli.main(arguments)
+        except Exception:  # noqa: BLE001 - as an uncaught error ends the command's process
+            traceback.print_exc()
+            code = 1
+    return subprocess.CompletedProcess(arguments, code, stdout.getvalue(), stderr.getvalue())
+
+
+def process_env(extra_env: dict[str, str] | None) -> dict[str, str]:
+    """The environment of a ``lakehouse`` process a test starts: the test's, without the JDBC
+    driver this test process's JVM was given (a process has only what its config gives it), plus
+    ``extra_env``."""
+    env = {name: value for name, value in os.environ.items() if name != TEST_JVM_CLASS_PATH_ENV}
+    return env | (extra_env or {})
 
 
 def kill_at_then_restart(point: str, cold_restart: bool = False) -> None:
     """Run the pipeline until it is killed (SIGKILL) at fault point ``point``, then run it again to
     the end (in this process unless ``cold_restart``); fails when the point is never reached or the
     restart fails."""
-    crashed = run_pipeline_process({faults.CRASH_ENV: point})
+    crashed = run_pipeline({faults.CRASH_ENV: point})
     assert crashed.returncode == -signal.SIGKILL, f"never reached {point}:\n{crashed.stdout[-3000:]}"
-    restarted = run_pipeline_process(cold=cold_restart)
+    restarted = run_pipeline(cold=cold_restart)
     assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
 
 
@@ -187,7 +195,7 @@ def start_lakehouse_process(arguments: list[str], extra_env: dict[str, str], log
     handle = open(log, "w")  # noqa: SIM115 - closed by the process's end
     return subprocess.Popen(
         [sys.executable, "-m", "lakehouse_assets.cli", *arguments],
-        env={**os.environ, **extra_env},
+        env=process_env(extra_env),
         stdout=handle,
         stderr=subprocess.STDOUT,
         text=True,
@@ -201,4 +209,4 @@ def run_two_pipelines_at_once(logs: Path) -> None:
     second = start_pipeline_process({}, logs / "second.log")
     assert first.wait(timeout=600) == 0, (logs / "first.log").read_text()[-3000:]
     assert second.wait(timeout=600) == 0, (logs / "second.log").read_text()[-3000:]
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0

@@ -19,8 +19,8 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
     PIPELINE,
     kill_at_then_restart,
     land_round,
-    run_lakehouse_process,
-    run_pipeline_process,
+    run_lakehouse,
+    run_pipeline,
 )
 
 pytestmark = pytest.mark.spark
@@ -71,15 +71,15 @@ def test_a_discard_killed_half_way_finishes_when_repeated_and_the_batch_publishe
     land_events(
         lake.paths, lake.stream("orders"), [json.dumps({"order_id": 10_000, "customer_id": 1, "amount": 5000.0})]
     )
-    blocked = run_pipeline_process()
+    blocked = run_pipeline()
     assert blocked.returncode == 1, blocked.stdout[-3000:]
     assert audit_state(lake.table("sales.orders")).awaiting_publish
 
-    crashed = run_lakehouse_process(
+    crashed = run_lakehouse(
         ["audit", "discard", "--table", "sales.orders"], {faults.CRASH_ENV: faults.DISCARD_AFTER_UNSTAGING}
     )
     assert crashed.returncode == -signal.SIGKILL
-    repeated = run_lakehouse_process(["audit", "discard", "--table", "sales.orders"])
+    repeated = run_lakehouse(["audit", "discard", "--table", "sales.orders"])
     assert repeated.returncode == 0, repeated.stdout[-3000:] + repeated.stderr[-3000:]
     assert "discarded audited snapshot" in repeated.stdout
 
@@ -87,7 +87,7 @@ def test_a_discard_killed_half_way_finishes_when_repeated_and_the_batch_publishe
     (lakehouse_home.parent / "lakehouse.yaml").write_text(
         yaml.safe_dump(_audited_pipeline({**AMOUNT_LIMIT, "condition": "amount < 10000"}))
     )
-    restarted = run_pipeline_process()
+    restarted = run_pipeline()
     assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
 
     lake = Lakehouse.from_env()
@@ -97,17 +97,17 @@ def test_a_discard_killed_half_way_finishes_when_repeated_and_the_batch_publishe
 
 def test_a_discard_after_a_publish_killed_past_its_dead_letters_is_refused_and_the_publish_finishes(lake):
     land_round(lake, 1)
-    crashed = run_pipeline_process({faults.CRASH_ENV: faults.PUBLISH_AFTER_DEAD_LETTERS})
+    crashed = run_pipeline({faults.CRASH_ENV: faults.PUBLISH_AFTER_DEAD_LETTERS})
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-3000:]
 
     # Discarding now would leave the round's dead letters in the table for batches staged again.
     [halted] = [table for table in TABLES if audit_state(lake.table(table)).awaiting_publish]
-    refused = run_lakehouse_process(["audit", "discard", "--table", halted])
+    refused = run_lakehouse(["audit", "discard", "--table", halted])
     assert refused.returncode == 1, refused.stdout[-3000:] + refused.stderr[-3000:]
     assert "committed their dead letters and did not finish" in refused.stdout
     assert audit_state(lake.table(halted)).awaiting_publish
 
-    restarted = run_pipeline_process()
+    restarted = run_pipeline()
     assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
     assert invariant_violations(lake) == []
     assert _branches_agree(lake)

@@ -24,7 +24,7 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
     kill_at_then_restart,
     land_round,
     remove_staged_parquet,
-    run_pipeline_process,
+    run_pipeline,
     run_two_pipelines_at_once,
 )
 
@@ -44,7 +44,7 @@ def test_a_pipeline_killed_at_each_point_recovers_exactly_once(point, lake):
 
 def test_a_crash_then_wiped_local_state_loses_and_duplicates_nothing(lake, lakehouse_home):
     land_round(lake, 1)
-    crashed = run_pipeline_process({faults.CRASH_ENV: faults.COMMITTER_AFTER_COMMIT})
+    crashed = run_pipeline({faults.CRASH_ENV: faults.COMMITTER_AFTER_COMMIT})
     assert crashed.returncode == -signal.SIGKILL
 
     # Locks, sensor cursors and the whole Dagster run history are gone.
@@ -53,7 +53,7 @@ def test_a_crash_then_wiped_local_state_loses_and_duplicates_nothing(lake, lakeh
     shutil.rmtree(dagster_home)
     dagster_home.mkdir()
     land_round(lake, 2)
-    restarted = run_pipeline_process()
+    restarted = run_pipeline()
 
     assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
     assert invariant_violations(lake) == []
@@ -64,7 +64,7 @@ def test_an_error_after_a_commit_landed_is_decided_by_the_ancestry(lake):
 
     # Every write "fails" after its commit landed: the committer must see the commit in the
     # ancestry and go on, never commit the batch again.
-    completed = run_pipeline_process({faults.FAIL_ENV: faults.COMMITTER_AFTER_WRITE})
+    completed = run_pipeline({faults.FAIL_ENV: faults.COMMITTER_AFTER_WRITE})
 
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert invariant_violations(lake) == []
@@ -74,11 +74,11 @@ def test_an_error_after_a_commit_landed_is_decided_by_the_ancestry(lake):
 def test_a_failed_commit_keeps_staged_data_for_the_next_run(lake):
     land_round(lake, 1)
 
-    failed = run_pipeline_process({faults.FAIL_ENV: faults.COMMITTER_BEFORE_COMMIT})
+    failed = run_pipeline({faults.FAIL_ENV: faults.COMMITTER_BEFORE_COMMIT})
     assert failed.returncode == 1
     staged = [r.sequence for r in lake.ledger("orders").batches() if r.status == "staged"]
     assert staged, "the failed commit must leave its batches staged"
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
 
     assert invariant_violations(lake) == []
 
@@ -140,7 +140,7 @@ def test_a_stale_committer_is_fenced_and_commits_nothing(lake, instance, tmp_pat
         assert time.monotonic() < deadline and stale.poll() is None, stale.stdout.read()[-3000:]
         time.sleep(0.2)
     # Meanwhile the pipeline commits the same batches.
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
     (pause_dir / f"{faults.COMMITTER_BEFORE_LOCK}.release").touch()
     output, _ = stale.communicate(timeout=600)
 
@@ -153,12 +153,12 @@ def test_a_stale_committer_is_fenced_and_commits_nothing(lake, instance, tmp_pat
 def test_a_rolled_back_table_gets_its_batches_again(lake):
     kept = lake.table("sales.orders").current_snapshot().snapshot_id
     land_round(lake, 1)
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
     remove_staged_parquet(lake)  # as the next committer pass would
 
     lakehouse_session(lake).sql(f"CALL lake.system.rollback_to_snapshot('sales.orders', {kept})")
     assert invariant_violations(lake) != []
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
 
     assert invariant_violations(lake) == []
 
@@ -172,11 +172,11 @@ def test_a_storage_error_while_writing_metadata_loses_nothing(lake):
     for obstacle in obstacles:
         os.makedirs(obstacle)
 
-    failed = run_pipeline_process()
+    failed = run_pipeline()
     assert failed.returncode == 1
     for obstacle in obstacles:
         shutil.rmtree(obstacle)
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
 
     assert invariant_violations(lake) == []
 

@@ -29,8 +29,8 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
     kill_at_then_restart,
     lakehouse_paused_at,
     land_round,
-    run_lakehouse_process,
-    run_pipeline_process,
+    run_lakehouse,
+    run_pipeline,
     run_two_pipelines_at_once,
 )
 from lakehouse_assets_tests.postgres_server import SERVER_USER, PostgresServer, jdbc_driver_jar
@@ -71,7 +71,7 @@ def jdbc_first_round(tmp_path_factory: pytest.TempPathFactory, postgres: Postgre
         monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
         lake = Lakehouse.from_env()
         land_round(lake, 0)
-        completed = run_pipeline_process()
+        completed = run_pipeline()
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
         assert invariant_violations(lake) == []
     postgres.clone_database(DATABASE, FIRST_ROUND_DATABASE)
@@ -127,7 +127,7 @@ def assert_every_batch_once(lake: Lakehouse) -> None:
 
 def test_both_pipelines_commit_exactly_once_and_pass_their_checks(lake, postgres):
     land_round(lake, 1)
-    completed = run_pipeline_process()
+    completed = run_pipeline()
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
 
     assert invariant_violations(lake) == []
@@ -135,7 +135,7 @@ def test_both_pipelines_commit_exactly_once_and_pass_their_checks(lake, postgres
     rows = _catalog_rows(postgres)
     assert set(TABLES) | {"sales.orders_dead_letters", "crm.customers_dead_letters"} <= set(rows)
     assert not list(lake.paths.warehouse.rglob("version-hint.text"))
-    checked = run_lakehouse_process(["check"])
+    checked = run_lakehouse(["check"])
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
     # The catalog password came from the environment and went nowhere else.
     assert PASSWORD not in completed.stdout + completed.stderr + checked.stdout + checked.stderr
@@ -151,7 +151,7 @@ def test_both_pipelines_run_on_a_standalone_cluster_with_the_jdbc_catalog(lake, 
             MASTER_ENV: cluster.master_url,
             DRIVER_MEMORY_ENV: "1g",
         }
-        completed = run_pipeline_process(on_cluster)
+        completed = run_pipeline(on_cluster)
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
         assert cluster.application_dirs(), "no executor of the cluster ran the pipeline's work"
 
@@ -161,7 +161,8 @@ def test_both_pipelines_run_on_a_standalone_cluster_with_the_jdbc_catalog(lake, 
 def test_a_pipeline_killed_after_its_commit_recovers_exactly_once(lake):
     land_round(lake, 1)
 
-    kill_at_then_restart(faults.COMMITTER_AFTER_COMMIT)
+    # Restarted cold: a new process gets the JDBC driver from the config's ``spark.jars`` alone.
+    kill_at_then_restart(faults.COMMITTER_AFTER_COMMIT, cold_restart=True)
 
     assert invariant_violations(lake) == []
 
@@ -177,16 +178,16 @@ def test_two_committers_racing_commit_each_batch_once(lake, tmp_path):
 
 def test_maintenance_with_expiry_keeps_recovery_exactly_once(lake):
     land_round(lake, 1)
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
 
-    maintained = run_lakehouse_process(["maintain"])
+    maintained = run_lakehouse(["maintain"])
     assert maintained.returncode == 0, maintained.stdout[-3000:] + maintained.stderr[-3000:]
     for identifier in TABLES:
         table = lake.table(identifier)
         oldest = min(table.metadata.snapshots, key=lambda snapshot: snapshot.sequence_number)
         assert oldest.parent_snapshot_id is not None, f"{identifier}: expiry kept the whole history"
     land_round(lake, 2)
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
 
     assert invariant_violations(lake) == []
 
@@ -198,17 +199,17 @@ def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point
 
     # Host A plans its commit, then stalls at the commit point; host B commits the same batches.
     with lakehouse_paused_at(point, tmp_path) as host_a_log:
-        completed = run_pipeline_process(on_host_b)
+        completed = run_pipeline(on_host_b)
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
 
     assert "another committer published" in host_a_log.read_text()
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
     assert_every_batch_once(lake)
 
 
 def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each_batch_once(lake, tmp_path):
     land_round(lake, 1)
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
     land_round(lake, 2)
     host_b = _second_host(lake, tmp_path)
     heads = {identifier: lake.table(identifier).current_snapshot().snapshot_id for identifier in TABLES}
@@ -216,7 +217,7 @@ def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each
     # Host A writes round 2 on its pass branches, then stalls before publishing; host B compacts,
     # expires and removes orphans on the same tables, so main moves under host A.
     with lakehouse_paused_at(faults.COMMITTER_BEFORE_PUBLISH, tmp_path) as host_a_log:
-        maintained = run_lakehouse_process(["maintain"], host_b)
+        maintained = run_lakehouse(["maintain"], host_b)
         assert maintained.returncode == 0, maintained.stdout[-3000:] + maintained.stderr[-3000:]
         moved = [
             identifier
@@ -226,7 +227,7 @@ def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each
         assert moved, "host B's maintenance committed nothing to main; the race did not happen"
 
     assert "another committer published" in host_a_log.read_text()
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
     assert_every_batch_once(lake)
 
 
@@ -235,7 +236,7 @@ def test_two_hosts_maintaining_one_table_at_once_keep_recovery_exactly_once(lake
 
     def commit_on_host_b(round_number: int) -> None:
         land_round(lake, round_number)
-        completed = run_pipeline_process(host_b)
+        completed = run_pipeline(host_b)
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
 
     # Host A has read the tables to expire and is about to record their checkpoints; host B commits
@@ -243,7 +244,7 @@ def test_two_hosts_maintaining_one_table_at_once_keep_recovery_exactly_once(lake
     commit_on_host_b(1)
     with lakehouse_paused_at(faults.MAINTENANCE_BEFORE_CHECKPOINT, tmp_path / "before", ("maintain",)) as host_a_log:
         commit_on_host_b(2)
-        maintained = run_lakehouse_process(["maintain"], host_b)
+        maintained = run_lakehouse(["maintain"], host_b)
         assert maintained.returncode == 0, maintained.stdout[-3000:] + maintained.stderr[-3000:]
     # Host A's first checkpoint was refused (the table had moved) and computed again.
     assert "expire_snapshots.checkpoint_attempts: 2" in host_a_log.read_text()
@@ -256,7 +257,7 @@ def test_two_hosts_maintaining_one_table_at_once_keep_recovery_exactly_once(lake
         commit_on_host_b(5)
 
     land_round(lake, 6)
-    completed = run_pipeline_process()
+    completed = run_pipeline()
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert_every_batch_once(lake)
 
@@ -274,11 +275,11 @@ def test_two_hosts_adding_the_same_columns_at_once_both_go_on_and_each_batch_com
 
     # Host A has read the table's columns and is about to add `coupon`; host B adds it and commits.
     with lakehouse_paused_at(faults.SCHEMA_BEFORE_ADD_COLUMNS, tmp_path):
-        completed = run_pipeline_process(_second_host(lake, tmp_path))
+        completed = run_pipeline(_second_host(lake, tmp_path))
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
         assert "coupon" in lake.table("sales.orders").schema().column_names
 
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
     assert_every_batch_once(lake)
     orders = scan(lake.metadata_location("sales.orders"), lake.table("sales.orders").current_snapshot().snapshot_id)
     coupons_read = iceberg_connection().sql(f"SELECT coupon FROM {orders} WHERE coupon IS NOT NULL ORDER BY 1")
@@ -294,7 +295,7 @@ def test_two_hosts_publishing_one_audited_snapshot_publish_it_and_its_dead_lette
     lake = Lakehouse.from_env()
     land_round(lake, 1)
     land_events(lake.paths, lake.stream("orders"), [json.dumps({"order_id": 999, "amount": -4.0})])
-    run_pipeline_process()  # its check fails: the round waits on the audit branch, its dead letter too
+    run_pipeline()  # its check fails: the round waits on the audit branch, its dead letter too
     audited = audit_state(lake.table("sales.orders"))
     assert audited.awaiting_publish, "the negative amount did not stop the round on the audit branch"
     orders["expectations"][0]["condition"] = "amount >= -10"
@@ -304,11 +305,11 @@ def test_two_hosts_publishing_one_audited_snapshot_publish_it_and_its_dead_lette
     # Host A has written the round's dead letters on its pass branch and stalls before publishing
     # them; host B publishes the same snapshot (its dead letters, then main).
     with lakehouse_paused_at(faults.COMMITTER_BEFORE_PUBLISH, tmp_path, publish) as host_a_log:
-        completed = run_lakehouse_process(list(publish), _second_host(lake, tmp_path))
+        completed = run_lakehouse(list(publish), _second_host(lake, tmp_path))
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
         assert lake.table("sales.orders").current_snapshot().snapshot_id == audited.audit
 
     assert "nothing awaits publishing" in host_a_log.read_text()
     land_round(lake, 2)
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
     assert_every_batch_once(lake)

@@ -15,8 +15,8 @@ from lakehouse_assets_tests.fault_injection.invariants import invariant_violatio
 from lakehouse_assets_tests.fault_injection.pipeline import (
     land_round,
     remove_staged_parquet,
-    run_lakehouse_process,
-    run_pipeline_process,
+    run_lakehouse,
+    run_pipeline,
 )
 
 pytestmark = pytest.mark.spark
@@ -32,14 +32,14 @@ def _ancestry_is_cut(lake, identifier):
 
 
 def _maintain():
-    completed = run_lakehouse_process(["maintain"])
+    completed = run_lakehouse(["maintain"])
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     return completed.stdout
 
 
 def test_expiry_and_compaction_keep_recovery_exactly_once(lake, lakehouse_home):
     land_round(lake, 1)
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
     before = {
         stream.name: committed_state(lake.table(stream.table_identifier), stream.name) for stream in lake.config.streams
     }
@@ -61,7 +61,7 @@ def test_expiry_and_compaction_keep_recovery_exactly_once(lake, lakehouse_home):
     Path(os.environ["DAGSTER_HOME"]).mkdir()
     kept = {identifier: lake.table(identifier).current_snapshot().snapshot_id for identifier in TABLES}
     land_round(lake, 2)
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
     remove_staged_parquet(lake)  # as the next committer pass would
     assert invariant_violations(lake) == []
 
@@ -70,29 +70,29 @@ def test_expiry_and_compaction_keep_recovery_exactly_once(lake, lakehouse_home):
     for identifier, snapshot_id in kept.items():
         session.sql(f"CALL lake.system.rollback_to_snapshot('{identifier}', {snapshot_id})")
     assert invariant_violations(lake) != []
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
     assert invariant_violations(lake) == []
 
 
 def test_maintenance_killed_between_checkpoint_and_expiry(lake):
     land_round(lake, 1)
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
 
-    crashed = run_lakehouse_process(["maintain"], {faults.CRASH_ENV: faults.MAINTENANCE_AFTER_CHECKPOINT})
+    crashed = run_lakehouse(["maintain"], {faults.CRASH_ENV: faults.MAINTENANCE_AFTER_CHECKPOINT})
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-3000:] + crashed.stderr[-3000:]
     land_round(lake, 2)
-    assert run_pipeline_process(cold=True).returncode == 0
+    assert run_pipeline(cold=True).returncode == 0
     assert invariant_violations(lake) == []
 
     _maintain()
     land_round(lake, 3)
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
     assert invariant_violations(lake) == []
 
 
 def test_an_expiry_without_checkpoint_stops_the_committer_loudly(lake):
     land_round(lake, 1)
-    assert run_pipeline_process().returncode == 0
+    assert run_pipeline().returncode == 0
     # Someone expires snapshots with Iceberg's procedure directly: the stream's commits are gone.
     lakehouse_session(lake).sql(
         "CALL lake.system.expire_snapshots(table => 'sales.orders', older_than => TIMESTAMP '2100-01-01', "
@@ -101,7 +101,7 @@ def test_an_expiry_without_checkpoint_stops_the_committer_loudly(lake):
     rows_before = lake.table("sales.orders").scan().to_arrow().num_rows
     land_round(lake, 2)
 
-    failed = run_pipeline_process()
+    failed = run_pipeline()
 
     # The micro-batch sensor is the first to read the ancestry: it refuses to number new batches.
     assert failed.returncode == 2

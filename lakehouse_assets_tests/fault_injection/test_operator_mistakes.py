@@ -32,7 +32,7 @@ from lakehouse_assets.ingest.batch_ledger import BATCH_FILE, MintedBatch, Stream
 from lakehouse_assets.ingest.landing import landing_dir, list_landing_files
 from lakehouse_assets.runner import IN_PROCESS_SPARK, run_job, run_until_idle
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
-from lakehouse_assets_tests.fault_injection.pipeline import land_round, run_pipeline_process, start_lakehouse_process
+from lakehouse_assets_tests.fault_injection.pipeline import land_round, run_pipeline, start_lakehouse_process
 
 TABLES = ("sales.orders", "crm.customers")
 DEADLINE_SECONDS = 300
@@ -62,7 +62,7 @@ def _wait_for(condition, what: str, process=None) -> None:
 def test_a_mint_killed_between_its_directory_and_batch_json_is_repaired(lake, instance):
     land_round(lake, 1)
 
-    crashed = run_pipeline_process({faults.CRASH_ENV: faults.LEDGER_AFTER_DIRECTORY})
+    crashed = run_pipeline({faults.CRASH_ENV: faults.LEDGER_AFTER_DIRECTORY})
     assert crashed.returncode == -signal.SIGKILL, f"never reached the point:\n{_output(crashed)}"
     half_minted = [
         directory
@@ -72,7 +72,7 @@ def test_a_mint_killed_between_its_directory_and_batch_json_is_repaired(lake, in
     ]
     assert len(half_minted) == 1
 
-    restarted = run_pipeline_process()
+    restarted = run_pipeline()
     assert restarted.returncode == 0, _output(restarted)
     assert (half_minted[0] / BATCH_FILE).exists()  # the sequence was minted into its directory
     land_round(lake, 2)
@@ -107,7 +107,7 @@ def test_a_missing_version_hint_finds_the_table_by_listing_and_never_recreates_i
         assert lake.metadata_location(identifier) == locations[identifier]
     land_round(lake, 1)
 
-    completed = run_pipeline_process()
+    completed = run_pipeline()
 
     assert completed.returncode == 0, _output(completed)
     for identifier in TABLES:
