@@ -55,7 +55,6 @@ LANDING_SENSOR = f"{STREAM}_landing_sensor"
 STAGE_JOB = f"{STREAM}_stage_job"
 SEQUENCE_TAG = "lakehouse/sequence"
 STATUSES = ("created", "paid", "shipped", "cancelled")
-IN_PROGRESS = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -471,11 +470,12 @@ def open_instance(work: Workdir) -> Any:
 
 
 def runs_in_progress(instance: Any) -> list[str]:
-    """``job (status)`` for every run that is queued, starting, started or canceling."""
+    """``job (status)`` for every run that is not finished (queued, starting, started, canceling)."""
     import dagster as dg
 
-    statuses = [dg.DagsterRunStatus(value) for value in IN_PROGRESS]
-    runs = instance.get_runs(filters=dg.RunsFilter(statuses=statuses))
+    from lakehouse_assets.run_states import UNFINISHED
+
+    runs = instance.get_runs(filters=dg.RunsFilter(statuses=list(UNFINISHED)))
     return [f"{run.job_name} ({run.status.value}) {run.run_id[:8]}" for run in runs]
 
 

@@ -20,16 +20,11 @@ from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.instance_settings import dagster_home, ensure_instance_settings
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.run_liveness import LIVENESS_TAG, RunProcess, release_run_lock, run_process
+from lakehouse_assets.run_states import LAUNCHED
 
 RUN_KEY_TAG = "dagster/run_key"
 SENSOR_NAME_TAG = "dagster/sensor_name"
 # Step-by-step events still go to the instance (and the UI); the console shows warnings and errors.
-IN_PROGRESS_STATUSES = [
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-]
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 # Runs executed here keep one Spark JVM in this process rather than use the Spark host.
 IN_PROCESS_SPARK = {"spark": {"config": {"use_host": False}}}
@@ -70,7 +65,7 @@ def fail_runs_of_dead_processes(instance: dg.DagsterInstance, log: Callable[[str
     launcher; this runner does it before it executes anything, without the daemon.
     """
     failed = []
-    in_progress = instance.get_runs(filters=dg.RunsFilter(statuses=IN_PROGRESS_STATUSES))
+    in_progress = instance.get_runs(filters=dg.RunsFilter(statuses=list(LAUNCHED)))
     for run in in_progress:
         lock = run.tags.get(LIVENESS_TAG)
         if run_process(lock) is RunProcess.GONE:

@@ -243,7 +243,7 @@ def test_replaying_a_change_batch_leaves_the_same_table(lakehouse_home, paths, i
     from lakehouse_assets.commit.table_writes import merge_changes
     from lakehouse_assets.engine.spark import lakehouse_session
     from lakehouse_assets.ingest.batch_ledger import StreamLedger
-    from lakehouse_assets.ingest.conversion import accepted_rows
+    from lakehouse_assets.ingest.staged_rows import accepted_rows
 
     write_config(tmp_path, {"streams": [customers_stream("2", "json")]}, monkeypatch)
     lake = Lakehouse.from_env()

@@ -10,14 +10,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
+from lakehouse_assets.catalog.tables import ensure_table
 from lakehouse_assets.commit.committer import commit_table
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest import conversion
 from lakehouse_assets.ingest.landing import land_events, landing_dir
+from lakehouse_assets.ingest.landing_reader import read_landing_lines
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.parsed_lines import read_parsed_events
-from lakehouse_assets.ingest.staged_format import LINE_COLUMN, REASON_COLUMN
+from lakehouse_assets.ingest.staged_format import LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_pipeline_until_idle, run_until_idle
@@ -304,19 +306,23 @@ def hostile_line(draw, event_id: int, wrappings: list[str]) -> bytes:
 
 @pytest.fixture(scope="module")
 def hostile_home(tmp_path_factory):
-    """One home for all examples: each example lands one more batch of the hostile stream."""
+    """One home, with the hostile stream's table, for all examples: each end-to-end example lands
+    one more batch."""
     home = tmp_path_factory.mktemp("hostile")
     (home / "lakehouse.yaml").write_text(json.dumps({"streams": [HOSTILE_STREAM]}))
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("LAKEHOUSE_HOME", str(home / "lakehouse"))
         monkeypatch.setenv("LAKEHOUSE_CONFIG", str(home / "lakehouse.yaml"))
         lake = Lakehouse.from_env()
-        yield lake, lakehouse_session(lake), Counter()
+        spark = lakehouse_session(lake)
+        ensure_table(spark, lake, lake.stream("hostile"), list)
+        yield lake, spark, Counter()
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), final_newline=st.booleans())
 def test_any_line_becomes_a_row_or_a_dead_letter_and_never_fails_the_job(hostile_home, data, final_newline):
+    """End to end, a few examples: each lands a batch of hostile lines, stages and commits it."""
     lake, spark, totals = hostile_home
     first_id = sum(totals.values()) + 1
     wrappings = READ_ALIKE + (READ_OTHERWISE if data.draw(st.booleans()) else [])
@@ -341,38 +347,61 @@ def test_any_line_becomes_a_row_or_a_dead_letter_and_never_fails_the_job(hostile
     assert len(dead) == totals["rejected"], "every rejected line is one dead letter"
     # Conversion is total on its own: the safety net that isolates Spark failures is never needed.
     assert not [reason for _, _, reason, _ in dead if reason.startswith(SPARK_FAILURE)]
-    # The typed parse is a shortcut only: parsing every field as text gives the same rows and reasons.
-    landing_file = str(directory / name)
-    typed_first = _converted(spark, lake, landing_file, batch.sequence, "typed")
+
+
+# Landing files per example of the conversion property: each example converts them all in one
+# Spark pass per reading, so 8 examples check 48 batches (the end-to-end test checked 12 before).
+FILES_PER_EXAMPLE = 6
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_line_converts_to_a_row_or_a_reason_alike_whichever_way_it_is_read(hostile_home, data, tmp_path):
+    """The conversion alone, on many batches: every non-blank line of every file is one row or one
+    rejected event; parsing every field as text gives the same rows and reasons as the typed parse
+    (a shortcut only), and so does Spark's JSON file reader wherever it reads the lines alike."""
+    lake, spark, _ = hostile_home
+    example = tmp_path / f"example-{data.draw(st.uuids()).hex}"
+    example.mkdir()
+    wrappings = READ_ALIKE + (READ_OTHERWISE if data.draw(st.booleans()) else [])
+    files, lines = [], []
+    for number in range(FILES_PER_EXAMPLE):
+        file_lines = [
+            data.draw(hostile_line(number * 100 + n, wrappings)) for n in range(data.draw(st.integers(1, 12)))
+        ]
+        path = example / f"{number:04d}.ndjson"
+        path.write_bytes(b"\n".join(file_lines) + (b"\n" if data.draw(st.booleans()) else b""))
+        files.append(str(path))
+        lines += file_lines
+
+    typed_first = _converted(spark, lake, files, example / "typed")
+    assert len(typed_first) == sum(1 for line in lines if line.strip(b" \t\r")), "one row or reason per line"
     with mock.patch.object(conversion, "TYPED_PARSE_TYPES", ()):
-        assert _converted(spark, lake, landing_file, batch.sequence, "text") == typed_first
-    # So is reading the lines with Spark's JSON file reader, where it reads them alike.
-    from_text, from_files = _converted_from_files(spark, lake, landing_file, batch.sequence)
+        assert _converted(spark, lake, files, example / "text") == typed_first
+    from_text, from_files = _converted_from_files(spark, lake, files, example / "files")
     assert (from_files is not None) == all(map(line_read_alike, lines))
     assert from_files in (None, from_text)
-    assert from_text[1] == staged.rejected
+    assert from_text[1] == sum(1 for row in typed_first if json.loads(row).get(REASON_COLUMN) is not None)
 
 
-def _converted(spark, lake, landing_file, sequence, label):
-    """The landing file's lines converted to the hostile table's schema: every column of every line
-    (row or rejected event with its reason) as JSON text, in line order."""
+def _converted(spark, lake, files, links):
+    """The landing files' lines converted to the hostile table's schema: every column of every line
+    (row or rejected event with its reason) as JSON text, in file and line order."""
     schema = conversion.with_iceberg_types(spark.table("lake.h.events").schema, lake.table("h.events").schema())
-    links = lake.paths.staging("hostile") / f"equivalence-{sequence}-{label}"
-    lines = conversion.read_landing_lines(spark, [landing_file], links)
+    lines = read_landing_lines(spark, files, links)
     converted = conversion.convert_events(lines, schema, lake.stream("hostile"), [])
-    rows = converted.select(LINE_COLUMN, F.to_json(F.struct("*")).alias("row")).collect()
-    return [row["row"] for row in sorted(rows, key=lambda row: row[LINE_COLUMN])]
+    rows = converted.select(SOURCE_FILE_COLUMN, LINE_COLUMN, F.to_json(F.struct("*")).alias("row")).collect()
+    return [row["row"] for row in sorted(rows, key=lambda row: (row[SOURCE_FILE_COLUMN], row[LINE_COLUMN]))]
 
 
-def _converted_from_files(spark, lake, landing_file, sequence):
-    """The landing file's lines converted twice, as ``_accepted``: from the text of each line, and
+def _converted_from_files(spark, lake, files, links):
+    """The landing files' lines converted twice, as ``_accepted``: from the text of each line, and
     from Spark's JSON file reader (None when it would read a line differently)."""
     schema = conversion.with_iceberg_types(spark.table("lake.h.events").schema, lake.table("h.events").schema())
     stream = lake.stream("hostile")
-    links = lake.paths.staging("hostile") / f"equivalence-{sequence}-files"
-    lines = conversion.read_landing_lines(spark, [landing_file], links)
+    lines = read_landing_lines(spark, files, links)
     from_text = _accepted(conversion.convert_events(lines, schema, stream, []), schema)
-    events = read_parsed_events(spark, [landing_file], links, conversion.row_fields(schema))
+    events = read_parsed_events(spark, files, links, conversion.row_fields(schema))
     from_files = None if events is None else _accepted(conversion.convert_parsed_events(events, schema, stream), schema)
     return from_text, from_files
 

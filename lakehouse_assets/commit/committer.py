@@ -70,12 +70,12 @@ from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.errors import CommitOutcomeUnknownError, ConfigError, FencedError, SequenceGapError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import BatchRecord, CommittedBatch, StreamLedger
-from lakehouse_assets.ingest.conversion import accepted_rows
 from lakehouse_assets.ingest.schema_evolution import (
     add_missing_columns,
     columns_added_since_last_snapshot,
     proposed_fields,
 )
+from lakehouse_assets.ingest.staged_rows import accepted_rows
 from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.quality.completeness import count_late_events, next_watermark

@@ -19,8 +19,8 @@ from lakehouse_assets.commit.summary_keys import CommitStamp
 from lakehouse_assets.commit.table_writes import append_rows, run_with_commit_properties
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.ingest.batch_ledger import BatchRecord
-from lakehouse_assets.ingest.conversion import rejected_events
 from lakehouse_assets.ingest.landing import landing_dir
+from lakehouse_assets.ingest.staged_rows import rejected_events
 from lakehouse_assets.lakehouse import Lakehouse
 
 DEAD_LETTER_SUFFIX = "_dead_letters"

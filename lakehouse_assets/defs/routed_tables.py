@@ -25,6 +25,7 @@ from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import run_in_progress, writer_retry_backoff
 from lakehouse_assets.errors import SequenceGapError, describe_error
 from lakehouse_assets.quality import checks
+from lakehouse_assets.run_states import FAILED
 
 
 class RoutedTablesConfig(dg.Config):
@@ -253,7 +254,7 @@ def _failure_backoff(instance: dg.DagsterInstance, job_name: str, now: float | N
     records = instance.get_run_records(filters=dg.RunsFilter(job_name=job_name), limit=10)
     failures = 0
     for record in records:
-        if record.dagster_run.status != dg.DagsterRunStatus.FAILURE:
+        if record.dagster_run.status not in FAILED:
             break
         failures += 1
     if not failures:

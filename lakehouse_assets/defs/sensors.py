@@ -17,6 +17,7 @@ from lakehouse_assets.engine.spark_host import start_in_background
 from lakehouse_assets.ingest.batch_ledger import MintedBatch
 from lakehouse_assets.ingest.micro_batching import NO_PENDING_EVENTS, mint_next_batch
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.run_states import FAILED, UNFINISHED
 
 MAX_BATCHES_PER_TICK = 16
 SENSOR_DAEMON_LOOP_SECONDS = 5
@@ -26,20 +27,12 @@ WRITER_RETRY_BACKOFF_CAP_SECONDS = 60.0
 RETRY_LAUNCH_GRACE_SECONDS = 60.0
 """A failed run that Dagster said it would retry, with no retry launched this long after, counts as
 not retried (the daemon that would have launched it may have died)."""
-FAILED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
-"""A writer run that ended so, its batch not staged, is run again (a run cancelled or timed out too)."""
-IN_PROGRESS = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-]
 
 
 def run_in_progress(instance: dg.DagsterInstance, job_names: list[str]) -> dg.DagsterRun | None:
     """A queued or running run of one of the jobs, or None."""
     for job_name in job_names:
-        runs = instance.get_runs(filters=dg.RunsFilter(job_name=job_name, statuses=IN_PROGRESS), limit=1)
+        runs = instance.get_runs(filters=dg.RunsFilter(job_name=job_name, statuses=list(UNFINISHED)), limit=1)
         if runs:
             return runs[0]
     return None
@@ -114,7 +107,7 @@ def unstaged_batch_request(instance: dg.DagsterInstance, batch: MintedBatch, now
     retry = int(latest.tags.get(names.WRITER_RETRY_TAG, "0")) if latest else 0
     if latest is None:
         return UnstagedBatch(writer_run_request(batch, retry), None)
-    if latest.status in IN_PROGRESS:
+    if latest.status in UNFINISHED:
         # The daemon would skip the request as a run key already used, and the tick would say
         # "0 runs requested" with the reason in the daemon's log only.
         waiting = f"batch {batch.stream}:{batch.sequence} waits for writer run {latest.run_id} ({latest.status.value})"

@@ -37,20 +37,19 @@ written as NULL. Extra fields are ignored.
 from __future__ import annotations
 
 import operator
-import os
 from functools import reduce
-from pathlib import Path
 from typing import cast
 
 from pyiceberg.schema import Schema
 from pyiceberg.types import FixedType, IcebergType, StructType, UUIDType
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakehouse_assets.config import SOURCE_POSITION_COLUMN, StreamSpec
 from lakehouse_assets.errors import LakehouseError
-from lakehouse_assets.ingest.change_events import EventShape, collapse_changes, event_shape
+from lakehouse_assets.ingest.change_events import EventShape, event_shape
+from lakehouse_assets.ingest.landing_reader import BATCH_COLUMN, BYTE_ORDER_MARK
 from lakehouse_assets.ingest.staged_format import (
     DELETE,
     EVENT_COLUMN,
@@ -74,21 +73,6 @@ PARSE_OPTIONS = {"columnNameOfCorruptRecord": CORRUPT_COLUMN}
 # the value's text (a JSON number or boolean of the type; anything else fails the typed parse).
 # Not float or decimal: their typed parse rounds differently from a cast of the text.
 TYPED_PARSE_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DoubleType, T.BooleanType)
-_SPLIT = "_lakehouse_split"
-_ROW_ID = "_lakehouse_row_id"
-_SPLIT_LINES = "_lakehouse_split_lines"
-_SPLIT_FIRST_ROW = "_lakehouse_split_first_row"
-_LINES_BEFORE = "_lakehouse_lines_before"
-_POSITION = "_lakehouse_file_position"
-_LINE = "_lakehouse_line"
-# ``monotonically_increasing_id`` is the partition's index above its low 33 bits, the row's place below.
-PARTITION_ROWS_MASK = (1 << 33) - 1
-# Whole files as partitions (no counting pass) for up to this many files per core; and below one
-# file per core, for batches this small, where an idle core costs less than the counting pass.
-WHOLE_FILES_PER_CORE = 4
-SMALL_BATCH_BYTES = 16 * 1024 * 1024
-BATCH_COLUMN = "_lakehouse_batch"
-"""Which batch a line belongs to when the batches of many streams are read at once."""
 # Java regular expressions for ``rlike``: ``\z`` is the very end (``$`` also matches before a final
 # line break).
 INTEGER_TEXT = r"^\s*-?\d+\s*\z"
@@ -100,12 +84,7 @@ NON_NUMERIC_NUMBERS = ("NaN", "Infinity", "-Infinity")
 MIN_EPOCH_MILLIS, MAX_EPOCH_MILLIS = -62_135_596_800_000, 253_402_300_799_999
 MIN_EPOCH_DAYS, MAX_EPOCH_DAYS = -719_162, 2_932_896
 INTEGER_BITS: dict[type[T.DataType], int] = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}
-BYTE_ORDER_MARK = "\ufeff"
 BASE64_TEXT = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?\z"
-# Characters Hadoop reads as a glob pattern in a path (the home's, say); escaped, they are literal.
-GLOB_CHARACTERS = "\\{}[]*?"
-LINK_DIGITS = 6
-LINK_SUFFIX = ".ndjson"
 
 
 _TEXT_FIELDS = T.MapType(T.StringType(), T.StringType())
@@ -269,130 +248,6 @@ def _rejection_reason(fields: list[T.StructField], stream: StreamSpec, identifie
     return _first_failure(rules)
 
 
-def literal_path(path: str) -> str:
-    """``path`` with Hadoop's glob characters escaped, so Spark reads exactly that file."""
-    return "".join(f"\\{character}" if character in GLOB_CHARACTERS else character for character in path)
-
-
-def link_files(files: list[str], links: Path) -> list[str]:
-    """Symbolic links in ``links`` to ``files``, named by their position: Spark reads the links, so
-    no character of a landing file's name (a glob, a ``:``, a line break) means anything to Hadoop."""
-    links.mkdir(parents=True, exist_ok=True)
-    linked = []
-    for index, file in enumerate(files):
-        link = links / f"{index:06d}{LINK_SUFFIX}"
-        try:
-            link.symlink_to(file)
-        except FileExistsError:  # a repeated or concurrent attempt of the batch made it already
-            if os.readlink(link) != file:
-                raise LakehouseError(f"{link} points to {os.readlink(link)}, not to {file}") from None
-        linked.append(literal_path(str(link)))
-    return linked
-
-
-def _whole_file_reader(spark: SparkSession, sizes: list[int]) -> SparkSession | None:
-    """A session that reads each file of ``sizes`` bytes as one partition of its own, or None when
-    that would cost parallelism: a file larger than one split, fewer files than cores for a batch
-    worth splitting, or so many small files that packing them into few partitions pays."""
-    split_bytes = spark._jsparkSession.sessionState().conf().filesMaxPartitionBytes()
-    cores = spark.sparkContext.defaultParallelism
-    present = [size for size in sizes if size]
-    if not present or max(present) > split_bytes or len(present) > WHOLE_FILES_PER_CORE * cores:
-        return None
-    if len(present) < cores and sum(present) > SMALL_BATCH_BYTES:
-        return None
-    # A copy of the session (its settings, catalogs, views and functions), with a file's cost to
-    # open as large as a split: Spark cuts no file and packs no two files into one partition
-    # (FilePartition.getFilePartitions), unless told to cap the number of partitions. Landing
-    # files are never modified, so a file's size is the size Spark plans with. PySpark has no
-    # public way to copy a session: ``newSession`` would drop the runtime settings (catalogs among
-    # them), so this goes around it to the JVM's ``cloneSession`` (internal to Spark's SQL package,
-    # reachable through py4j).
-    reader = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
-    reader.conf.set("spark.sql.files.maxPartitionBytes", str(split_bytes))
-    reader.conf.set("spark.sql.files.openCostInBytes", str(split_bytes))
-    reader.conf.unset("spark.sql.files.maxPartitionNum")
-    return reader
-
-
-def valid_text(text: Column) -> Column:
-    """``text`` (a line as landed) as valid UTF-8, for writing it: Spark keeps a line's bytes as
-    they are, and Parquet readers refuse invalid strings. Through a Java string, invalid UTF-8
-    becomes U+FFFD, as it does in every JSON parse of the line (so a converted value is valid)."""
-    return F.decode(F.encode(text, "UTF-8"), "UTF-8")
-
-
-def read_landing_lines(
-    spark: SparkSession, files: list[str], links: Path, batch_of_file: list[int] | None = None
-) -> DataFrame:
-    """One row per line of the files that is not blank (spaces, tabs, a carriage return): its text
-    (without a byte order mark; its bytes as landed, so :func:`valid_text` before it is written),
-    file name and 1-based line number. Names are data: Spark reads the
-    files through links in ``links`` named by position, and each line keeps its file's own name.
-
-    Spark's text reader streams each split of a file in order but gives no line numbers. A
-    line's place in its partition comes from ``monotonically_increasing_id``, which counts a
-    partition's rows in reading order (taken before any filter: Spark pushes no filter below it).
-    When each file is read whole as a partition of its own (``_whole_file_reader``; empty files
-    are not read), that place is the line number. Otherwise lines are numbered per split: a
-    first, cheap pass counts the lines of every split (a few rows, broadcast), and a line's number
-    is the lines of its file's earlier splits plus its place in its own split; both passes plan
-    the same splits, so the place is the same in both.
-
-    With ``batch_of_file`` (one number per file), the batches of many streams are read at once
-    (files of different directories may share a name): each row also carries its file's batch
-    number in ``BATCH_COLUMN``.
-    """
-    names = F.array(*[F.lit(Path(file).name) for file in files])
-    position = F.substring(F.col("_metadata.file_name"), 1, LINK_DIGITS).cast("int") + 1
-    text = F.col("value")
-
-    def scan(session: SparkSession, paths: list[str]) -> DataFrame:
-        return (
-            session.read.option("lineSep", "\n")
-            .text(paths)
-            .select(
-                F.when(text.startswith(BYTE_ORDER_MARK), text.substr(F.lit(2), F.length(text)))
-                .otherwise(text)
-                .alias(EVENT_COLUMN),
-                F.element_at(names, position).alias(SOURCE_FILE_COLUMN),
-                position.alias(_POSITION),
-                F.col("_metadata.file_block_start").alias(_SPLIT),
-                F.monotonically_increasing_id().alias(_ROW_ID),
-            )
-        )
-
-    linked = link_files(files, links)
-    sizes = [os.path.getsize(file) for file in files]
-    reader = _whole_file_reader(spark, sizes)
-    if reader is not None:
-        raw = scan(reader, [link for link, size in zip(linked, sizes, strict=True) if size])
-        numbered = raw.withColumn(_LINE, F.col(_ROW_ID).bitwiseAND(PARTITION_ROWS_MASK) + 1)
-    else:
-        raw = scan(spark, linked)
-        splits = raw.groupBy(_POSITION, _SPLIT).agg(
-            F.count(F.lit(1)).alias(_SPLIT_LINES), F.min(_ROW_ID).alias(_SPLIT_FIRST_ROW)
-        )
-        earlier_splits = Window.partitionBy(_POSITION).orderBy(_SPLIT)
-        offsets = splits.select(
-            _POSITION,
-            _SPLIT,
-            _SPLIT_FIRST_ROW,
-            (F.sum(_SPLIT_LINES).over(earlier_splits) - F.col(_SPLIT_LINES)).alias(_LINES_BEFORE),
-        )
-        numbered = raw.join(F.broadcast(offsets), [_POSITION, _SPLIT]).withColumn(
-            _LINE, F.col(_LINES_BEFORE) + F.col(_ROW_ID) - F.col(_SPLIT_FIRST_ROW) + 1
-        )
-    # Only spaces, tabs and a carriage return. A line that starts with "{" (nearly every event) is
-    # not blank: ``btrim``, which copies the line, runs for the others only.
-    event = F.col(EVENT_COLUMN)
-    blank = ~event.startswith("{") & (F.expr(f"btrim({EVENT_COLUMN}, ' \\t\\r')") == F.lit(""))
-    columns = [F.col(EVENT_COLUMN), F.col(SOURCE_FILE_COLUMN), F.col(_LINE).alias(LINE_COLUMN)]
-    if batch_of_file is not None:
-        columns.append(F.element_at(F.array(*map(F.lit, batch_of_file)), F.col(_POSITION)).alias(BATCH_COLUMN))
-    return numbered.where(~blank).select(*columns)
-
-
 def row_fields(table_schema: T.StructType) -> list[T.StructField]:
     """The columns taken from an event's row (a Debezium table's source position comes from its
     envelope)."""
@@ -510,58 +365,3 @@ def _field_present(field: T.StructField) -> Column:
     ``_field_text``: no typed value is turned back into text."""
     in_typed = F.col(_TYPED).getField(field.name).isNotNull()
     return F.when(_typed_parse_succeeded(), in_typed).otherwise(F.col(_RAW).getField(field.name).isNotNull())
-
-
-def staged_events(converted: DataFrame, table_schema: T.StructType, identifier_columns: list[str]) -> DataFrame:
-    """What a writer stages in one pass: the converted columns and operation of every kept event,
-    plus reason, original text, file and line for the rejected ones (NULL for good rows).
-
-    With identifier columns, a key's changes are first collapsed to their net effect.
-    """
-    accepted = F.col(REASON_COLUMN).isNull()
-    if identifier_columns:
-        converted = collapse_changes(converted, identifier_columns, OPERATION_COLUMN, POSITION_COLUMN, accepted)
-    return converted.select(
-        *[F.col(f"`{field.name}`") for field in table_schema],
-        F.col(OPERATION_COLUMN),
-        F.col(REASON_COLUMN),
-        F.when(~accepted, valid_text(F.col(EVENT_COLUMN))).alias(EVENT_COLUMN),
-        *[F.when(~accepted, F.col(name)).alias(name) for name in (SOURCE_FILE_COLUMN, LINE_COLUMN)],
-    )
-
-
-def accepted_rows(staged: DataFrame, table_schema: T.StructType) -> DataFrame:
-    """The staged rows to publish, with their operation, as the table's columns: cast to the
-    table's types (a column added by another batch first keeps its type) and NULL where the
-    batch has no such column or struct field."""
-    present = {field.name: field.dataType for field in staged.schema}
-    columns = [
-        _aligned(F.col(f"`{field.name}`"), present.get(field.name), field.dataType).alias(field.name)
-        for field in table_schema
-    ]
-    return staged.where(F.col(REASON_COLUMN).isNull()).select(*columns, F.col(OPERATION_COLUMN))
-
-
-def _aligned(column: Column, staged_type: T.DataType | None, table_type: T.DataType) -> Column:
-    """``column`` (staged as ``staged_type``, None when absent) as ``table_type``; struct fields
-    are matched by name, so a struct staged before a field was added gets NULL in it."""
-    if staged_type is None:
-        return F.lit(None).cast(table_type)
-    if isinstance(table_type, T.StructType) and isinstance(staged_type, T.StructType):
-        staged_fields = {field.name: field.dataType for field in staged_type}
-        fields = [
-            _aligned(column.getField(field.name), staged_fields.get(field.name), field.dataType).alias(field.name)
-            for field in table_type
-        ]
-        return F.when(column.isNotNull(), F.struct(*fields))
-    return column.cast(table_type)
-
-
-def rejected_events(staged: DataFrame) -> DataFrame:
-    """The staged events that go to the dead letters: original text, reason, file and line."""
-    return staged.where(F.col(REASON_COLUMN).isNotNull()).select(
-        F.col(EVENT_COLUMN).alias("event"),
-        F.col(REASON_COLUMN).alias("reason"),
-        F.col(SOURCE_FILE_COLUMN).alias("source_file"),
-        F.col(LINE_COLUMN).cast("long").alias("source_line"),
-    )

@@ -23,7 +23,8 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from lakehouse_assets.ingest.conversion import PARSE_OPTIONS, link_files, typed_parse_schema
+from lakehouse_assets.ingest.conversion import PARSE_OPTIONS, typed_parse_schema
+from lakehouse_assets.ingest.landing_reader import link_files
 
 # A line (after the first) that is neither blank nor an object's start, or has a zero byte among
 # its first four. Anchored on the line break, not ``^``: Python's search then skips to each

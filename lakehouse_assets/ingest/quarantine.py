@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakehouse_assets.errors import LakehouseError
-from lakehouse_assets.ingest.conversion import valid_text
+from lakehouse_assets.ingest.landing_reader import valid_text
 from lakehouse_assets.ingest.staged_format import (
     EVENT_COLUMN,
     LINE_COLUMN,

@@ -34,8 +34,8 @@ from lakehouse_assets.commit.summary_keys import CommitStamp
 from lakehouse_assets.config import ROUTED_TABLE, ROUTER_DEAD_LETTER_NAMESPACE, TEMPLATE_POINTER, StreamSpec
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import EVENTS_DIR, BatchRecord, CommittedBatch, StagedBatch, StreamLedger
-from lakehouse_assets.ingest.conversion import read_landing_lines, valid_text
 from lakehouse_assets.ingest.landing import landing_dir
+from lakehouse_assets.ingest.landing_reader import read_landing_lines, valid_text
 from lakehouse_assets.ingest.staged_format import EVENT_COLUMN, LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.ingest.staging import input_links, landing_files, minted_record
 from lakehouse_assets.lakehouse import Lakehouse

@@ -36,20 +36,15 @@ from lakehouse_assets.config import ColumnSpec, StreamSpec
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import EVENTS_DIR, BatchRecord, StagedBatch, StreamLedger
-from lakehouse_assets.ingest.conversion import (
-    convert_events,
-    convert_parsed_events,
-    read_landing_lines,
-    row_fields,
-    staged_events,
-    with_iceberg_types,
-)
+from lakehouse_assets.ingest.conversion import convert_events, convert_parsed_events, row_fields, with_iceberg_types
 from lakehouse_assets.ingest.inference import SAMPLE_EVENTS, infer_columns
 from lakehouse_assets.ingest.landing import landing_dir
+from lakehouse_assets.ingest.landing_reader import read_landing_lines
 from lakehouse_assets.ingest.parsed_lines import read_parsed_events
 from lakehouse_assets.ingest.quarantine import SPARK_ERRORS, isolate_failing_lines, quarantined_events, without_failing
 from lakehouse_assets.ingest.schema_evolution import new_columns, with_new_columns
 from lakehouse_assets.ingest.staged_format import DELETE, EVENT_COLUMN, OPERATION_COLUMN, REASON_COLUMN
+from lakehouse_assets.ingest.staged_rows import staged_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.source.iceberg_source import source_columns

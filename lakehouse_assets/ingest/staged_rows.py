@@ -1,0 +1,74 @@
+"""The rows a writer stages and the committer reads back: what one pass keeps of a batch, the rows
+it publishes to the table and the events it sends to the dead letters."""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from lakehouse_assets.ingest.change_events import collapse_changes
+from lakehouse_assets.ingest.landing_reader import valid_text
+from lakehouse_assets.ingest.staged_format import (
+    EVENT_COLUMN,
+    LINE_COLUMN,
+    OPERATION_COLUMN,
+    POSITION_COLUMN,
+    REASON_COLUMN,
+    SOURCE_FILE_COLUMN,
+)
+
+
+def staged_events(converted: DataFrame, table_schema: T.StructType, identifier_columns: list[str]) -> DataFrame:
+    """What a writer stages in one pass: the converted columns and operation of every kept event,
+    plus reason, original text, file and line for the rejected ones (NULL for good rows).
+
+    With identifier columns, a key's changes are first collapsed to their net effect.
+    """
+    accepted = F.col(REASON_COLUMN).isNull()
+    if identifier_columns:
+        converted = collapse_changes(converted, identifier_columns, OPERATION_COLUMN, POSITION_COLUMN, accepted)
+    return converted.select(
+        *[F.col(f"`{field.name}`") for field in table_schema],
+        F.col(OPERATION_COLUMN),
+        F.col(REASON_COLUMN),
+        F.when(~accepted, valid_text(F.col(EVENT_COLUMN))).alias(EVENT_COLUMN),
+        *[F.when(~accepted, F.col(name)).alias(name) for name in (SOURCE_FILE_COLUMN, LINE_COLUMN)],
+    )
+
+
+def accepted_rows(staged: DataFrame, table_schema: T.StructType) -> DataFrame:
+    """The staged rows to publish, with their operation, as the table's columns: cast to the
+    table's types (a column added by another batch first keeps its type) and NULL where the
+    batch has no such column or struct field."""
+    present = {field.name: field.dataType for field in staged.schema}
+    columns = [
+        _aligned(F.col(f"`{field.name}`"), present.get(field.name), field.dataType).alias(field.name)
+        for field in table_schema
+    ]
+    return staged.where(F.col(REASON_COLUMN).isNull()).select(*columns, F.col(OPERATION_COLUMN))
+
+
+def _aligned(column: Column, staged_type: T.DataType | None, table_type: T.DataType) -> Column:
+    """``column`` (staged as ``staged_type``, None when absent) as ``table_type``; struct fields
+    are matched by name, so a struct staged before a field was added gets NULL in it."""
+    if staged_type is None:
+        return F.lit(None).cast(table_type)
+    if isinstance(table_type, T.StructType) and isinstance(staged_type, T.StructType):
+        staged_fields = {field.name: field.dataType for field in staged_type}
+        fields = [
+            _aligned(column.getField(field.name), staged_fields.get(field.name), field.dataType).alias(field.name)
+            for field in table_type
+        ]
+        return F.when(column.isNotNull(), F.struct(*fields))
+    return column.cast(table_type)
+
+
+def rejected_events(staged: DataFrame) -> DataFrame:
+    """The staged events that go to the dead letters: original text, reason, file and line."""
+    return staged.where(F.col(REASON_COLUMN).isNotNull()).select(
+        F.col(EVENT_COLUMN).alias("event"),
+        F.col(REASON_COLUMN).alias("reason"),
+        F.col(SOURCE_FILE_COLUMN).alias("source_file"),
+        F.col(LINE_COLUMN).cast("long").alias("source_line"),
+    )
