@@ -9,7 +9,8 @@ import sys
 import dagster as dg
 
 from lakehouse_assets.catalog.tables import require_static_tables
-from lakehouse_assets.config import LakehouseConfig, load_config
+from lakehouse_assets.config import LakehouseConfig
+from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import blocking_check_names
@@ -63,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
 def _selected_tables(config: LakehouseConfig, table: str | None) -> list[str]:
     """``[table]``, or every configured table when it is None; ConfigError naming an unknown one."""
     if table is None:
-        return list(config.tables())
-    if table not in config.tables():
-        raise ConfigError(f"unknown table {table!r}; configured tables: {', '.join(config.tables())}")
+        return list(config.tables)
+    if table not in config.tables:
+        raise ConfigError(f"unknown table {table!r}; configured tables: {', '.join(config.tables)}")
     return [table]
 
 
@@ -157,7 +158,7 @@ def check(args: argparse.Namespace) -> int:
         for job, run_config, covered in _check_runs(build_definitions(lake.config), lake.config, tables):
             result = run_job(job, instance, run_config)
             for table in covered:
-                not_passed += _print_check_results(table, blocking_check_names(lake.config.tables()[table]), result)
+                not_passed += _print_check_results(table, blocking_check_names(lake.config.tables[table]), result)
     print(f"{not_passed} blocking checks did not pass" if not_passed else "every blocking check passed")
     return 1 if not_passed else 0
 
@@ -244,8 +245,8 @@ def _run_audit_job(table: str, job_name: str) -> dg.ExecuteInProcessResult:
     """Run one of an audited table's jobs in this process, recorded in the Dagster instance."""
 
     lake = Lakehouse.from_env()
-    if table not in lake.config.tables():
-        raise ConfigError(f"unknown table {table!r}; configured tables: {', '.join(lake.config.tables())}")
+    if table not in lake.config.tables:
+        raise ConfigError(f"unknown table {table!r}; configured tables: {', '.join(lake.config.tables)}")
     if not lake.config.audits(table):
         raise ConfigError(f"{table} is published directly (publish: direct); it has no audit branch")
     with dagster_instance(lake.paths) as instance:

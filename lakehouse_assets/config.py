@@ -8,25 +8,17 @@ from __future__ import annotations
 
 import difflib
 import functools
-import os
 import re
 import typing
+from collections.abc import Mapping
 from datetime import date
-from importlib import resources
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lakehouse_assets.catalog.catalogs import HADOOP, catalog_type, check_catalog
 from lakehouse_assets.catalog.iceberg_types import IcebergType, parse_type, type_name
 from lakehouse_assets.errors import ConfigError
-from lakehouse_assets.paths import LakehousePaths
-
-CONFIG_ENV = "LAKEHOUSE_CONFIG"
-DEFAULT_CONFIG_FILE = "lakehouse.yaml"
-DEMO_CONFIG_RESOURCE = "demo_lakehouse.yaml"
 
 PARTITION_TRANSFORM = re.compile(r"^(identity|year|month|day|hour|bucket\[\d+\]|truncate\[\d+\])$")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
@@ -42,12 +34,6 @@ SOURCE_POSITION_TYPE = "struct<lsn: decimal(38,0), file: string, pos: decimal(38
 """Postgres ``source.lsn``, or MySQL ``source.file``/``pos``/``row``, compared in that order."""
 ORDERED_TYPES = ("int", "long", "float", "double", "date", "timestamp", "timestamptz", "string")
 SYSTEM_COLUMN_PREFIX = "_lakehouse_"
-# The one grammar of a table name a router resolves (lower-cased first, as Hive and Glue catalogs
-# do): two to four parts of letters, digits and ``_``, each at most 128 characters; nothing else,
-# so no control character, line break, path separator or empty part. ``__`` joins the parts of a
-# routed stream's name, so routing refuses it too. Unanchored: Python matches it whole, Spark with
-# ``^...\z`` (``$`` would also match before a final line break).
-ROUTED_TABLE = r"[a-z_][a-z0-9_]{0,127}(\.[a-z_][a-z0-9_]{0,127}){1,3}"
 ICEBERG_SOURCE_OPERATION = "${/bulk_action}"
 OPERATION_NAMES = {"index", "insert", "create", "c", "i", "r", "update", "u", "delete", "d"}
 
@@ -60,6 +46,21 @@ def parse_duration(value: str | int | float) -> float:
     if not match:
         raise ValueError(f"invalid duration {value!r} (use e.g. 500ms, 30s, 5m, 1h)")
     return float(match.group(1)) * DURATION_UNIT_SECONDS[match.group(2)]
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""Seconds, written as a duration such as ``30s``, ``5m`` or ``7d``."""
+
+
+def _as_strings(value: Any) -> Any:
+    """A mapping's keys and values as text (YAML reads ``true`` or ``2`` as other types)."""
+    if isinstance(value, dict):
+        return {str(key): str(item) for key, item in value.items()}
+    return value
+
+
+StringMap = Annotated[dict[str, str], BeforeValidator(_as_strings)]
+"""Properties passed on as text: catalog and Spark settings, table properties."""
 
 
 class _Strict(BaseModel):
@@ -123,16 +124,7 @@ class FlushSpec(_Strict):
     """The micro-batch trigger: whichever of size and age is reached first."""
 
     max_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
-    max_age: float = 60.0
-
-    @field_validator("max_age", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> float:
-        return parse_duration(value)
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-"""Seconds, written as a duration such as ``30s``, ``5m`` or ``7d``."""
+    max_age: Duration = 60.0
 
 
 class CompactionSpec(_Strict):
@@ -208,17 +200,15 @@ class IcebergSourceSpec(_Strict):
     disable_export: bool = False
     """Start from the source's current snapshot without the initial full load."""
     polling_interval: Duration = Field(default=30.0, gt=0)
-    catalog: dict[str, str] | None = None
+    catalog: StringMap | None = None
     """The source's catalog properties when it is not catalog ``lake`` (same keys as the top-level
     ``catalog``); Spark sees it as catalog ``source_<stream>``."""
 
-    @field_validator("catalog", mode="before")
+    @field_validator("catalog")
     @classmethod
-    def _catalog_as_strings(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            if catalog_type(value) == HADOOP and "warehouse" not in value:
-                raise ValueError("a hadoop catalog needs its warehouse: catalog: {type: hadoop, warehouse: ...}")
-            return {str(key): str(item) for key, item in value.items()}
+    def _hadoop_catalog_has_warehouse(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None and catalog_type(value) == HADOOP and "warehouse" not in value:
+            raise ValueError("a hadoop catalog needs its warehouse: catalog: {type: hadoop, warehouse: ...}")
         return value
 
     @field_validator("table")
@@ -272,10 +262,10 @@ class StreamSpec(_Strict):
     auto_create: bool = False
     schema_evolution: bool = False
     table_schema: SchemaSpec = Field(default_factory=SchemaSpec, alias="schema")
-    table_properties: dict[str, str] = Field(default_factory=dict)
+    table_properties: StringMap = Field(default_factory=dict)
     table_location: str | None = None
     flush: FlushSpec = Field(default_factory=FlushSpec)
-    commit_interval: float = 300.0
+    commit_interval: Duration = 300.0
     event_time_column: str | None = None
     version_column: str | None = None
     """A change stream's ordering column (e.g. ``updated_at`` or ``version``): a change whose value
@@ -311,18 +301,6 @@ class StreamSpec(_Strict):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"duplicate expectation names: {', '.join(duplicates)}")
-        return value
-
-    @field_validator("commit_interval", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> float:
-        return parse_duration(value)
-
-    @field_validator("table_properties", mode="before")
-    @classmethod
-    def _properties_as_strings(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {str(key): str(item) for key, item in value.items()}
         return value
 
     @field_validator("table_identifier")
@@ -510,17 +488,10 @@ class SparkHostSpec(_Strict):
 class LakehouseConfig(_Strict):
     """The whole pipeline: catalog properties for catalog ``lake`` and the streams."""
 
-    catalog: dict[str, str] = Field(default_factory=lambda: {"type": "hadoop"})
-    spark: dict[str, str] = Field(default_factory=dict)
+    catalog: StringMap = Field(default_factory=lambda: {"type": "hadoop"})
+    spark: StringMap = Field(default_factory=dict)
     spark_host: SparkHostSpec = Field(default_factory=SparkHostSpec)
     streams: list[StreamSpec]
-
-    @field_validator("catalog", "spark", mode="before")
-    @classmethod
-    def _catalog_as_strings(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {str(key): str(item) for key, item in value.items()}
-        return value
 
     @field_validator("catalog")
     @classmethod
@@ -553,7 +524,7 @@ class LakehouseConfig(_Strict):
                 f"streams {', '.join(placed)}: table_location: the hadoop catalog keeps each table at "
                 "<warehouse>/<namespace>/<table>; use another catalog type to place tables elsewhere"
             )
-        for table, streams in self.tables().items():
+        for table, streams in self.tables.items():
             if len({stream.publish for stream in streams}) > 1:
                 raise ValueError(
                     f"streams {', '.join(s.name for s in streams)} write {table} with different publish modes; "
@@ -565,6 +536,13 @@ class LakehouseConfig(_Strict):
                     "settings; a table is maintained once, so give them the same (landing_retention may differ)"
                 )
         return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> LakehouseConfig:
+        """A copy with ``update``, its derived maps (``tables``) computed again: pydantic copies the
+        instance's dictionary, cached properties included."""
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop("tables", None)
+        return copied
 
     def stream(self, name: str) -> StreamSpec:
         """The stream called ``name``; a ConfigError lists the known streams otherwise."""
@@ -581,14 +559,16 @@ class LakehouseConfig(_Strict):
 
     def maintenance(self, table_identifier: str) -> MaintenanceSpec:
         """The table's maintenance settings (its streams agree on them)."""
-        return self.tables()[table_identifier][0].maintenance
+        return self.tables[table_identifier][0].maintenance
 
     def audits(self, table_identifier: str) -> bool:
         """True when the table's commits go to its audit branch before they are published."""
-        return self.tables()[table_identifier][0].publish == "audit"
+        return self.tables[table_identifier][0].publish == "audit"
 
+    @functools.cached_property
     def tables(self) -> dict[str, list[StreamSpec]]:
-        """Each target table identifier with the streams that write it (routers write none themselves)."""
+        """Each target table identifier with the streams that write it (routers write none
+        themselves); computed once per configuration."""
         by_table: dict[str, list[StreamSpec]] = {}
         for stream in self.streams:
             if not stream.is_router:
@@ -601,30 +581,13 @@ class LakehouseConfig(_Strict):
 
     def routed_tables(self, router: str) -> dict[str, list[StreamSpec]]:
         """The tables whose committer is ``router``'s (see ``router_of``), with their derived streams."""
-        return {table: streams for table, streams in self.tables().items() if _driving_router(streams) == router}
+        return {table: streams for table, streams in self.tables.items() if _driving_router(streams) == router}
 
     def router_of(self, table_identifier: str) -> str | None:
         """The router whose one committer drives ``table_identifier`` with all its other tables: the
         table is written only by that router's derived streams, published directly. A table that
         another stream or router also writes, or that is audited, keeps a committer of its own."""
-        return _driving_router(self.tables()[table_identifier])
-
-    def with_routes(self, routes: Path) -> LakehouseConfig:
-        """This configuration plus one derived stream per table a router has routed events to.
-
-        ``routes/<router>/<table>/`` holds the events routed to ``<table>``; the derived stream
-        ``<router>__<namespace>__<table>`` reads them like a landing directory and writes the table
-        with the router's settings.
-        """
-        derived: list[StreamSpec] = []
-        for router in self.routers():
-            directory = routes / router.name
-            entries = directory.iterdir() if directory.is_dir() else []
-            # Only directories the router writes: a name made by hand that no route could have
-            # (see routing.ROUTED_IDENTIFIER) must not stop the code location from loading.
-            tables = sorted(entry.name for entry in entries if entry.is_dir() and is_routed_table(entry.name))
-            derived.extend(routed_stream(router, table, directory / table) for table in tables)
-        return self.model_copy(update={"streams": [*self.streams, *derived]}) if derived else self
+        return _driving_router(self.tables[table_identifier])
 
 
 def _driving_router(streams: list[StreamSpec]) -> str | None:
@@ -638,28 +601,6 @@ def is_table_identifier(value: str) -> bool:
     """True for ``namespace.table`` (or deeper namespaces) made of identifier parts."""
     parts = value.split(".")
     return len(parts) >= 2 and all(IDENTIFIER_PART.fullmatch(part) for part in parts)
-
-
-def is_routed_table(name: str) -> bool:
-    """True for a table name a router may resolve (``ROUTED_TABLE``), ``__`` aside."""
-    return re.fullmatch(ROUTED_TABLE, name) is not None and "__" not in name
-
-
-def routed_stream_name(router: str, table_identifier: str) -> str:
-    return f"{router}__{table_identifier.replace('.', '__')}"
-
-
-def routed_stream(router: StreamSpec, table_identifier: str, route_directory: Path) -> StreamSpec:
-    """The stream that commits the events ``router`` routed to ``table_identifier``."""
-    landing = (router.source.landing or LandingSourceSpec()).model_copy(update={"path": str(route_directory)})
-    return router.model_copy(
-        update={
-            "name": routed_stream_name(router.name, table_identifier),
-            "table_identifier": table_identifier,
-            "source": SourceSpec(landing=landing),
-            "routed_from": router.name,
-        }
-    )
 
 
 def _describe_error(raw: Any, error: dict[str, Any]) -> str:
@@ -729,60 +670,3 @@ def parse_config(raw: Any, origin: str = "<config>") -> LakehouseConfig:
     except ValidationError as error:
         problems = "\n  ".join(_describe_error(raw, dict(item)) for item in error.errors())
         raise ConfigError(f"invalid configuration in {origin}:\n  {problems}") from None
-
-
-def config_path() -> Path | None:
-    """The configuration file in use: ``$LAKEHOUSE_CONFIG``, else ``./lakehouse.yaml`` if present."""
-    explicit = os.environ.get(CONFIG_ENV)
-    if explicit:
-        path = Path(explicit)
-        if not path.is_file():
-            raise ConfigError(f"{CONFIG_ENV}={explicit} does not name a file")
-        return path
-    default = Path(DEFAULT_CONFIG_FILE)
-    return default if default.is_file() else None
-
-
-def load_config() -> LakehouseConfig:
-    """Load and validate the configuration, or the packaged demo configuration when there is none,
-    with a stream for every table the routers have routed events to so far.
-
-    Runs call this many times (per table of a router, per check): the file is read each time, but
-    parsed again only when its text changed, and the derived streams are built again only when a
-    router's route directories changed."""
-    path = config_path()
-    if path is None:
-        text = resources.files("lakehouse_assets").joinpath(DEMO_CONFIG_RESOURCE).read_text()
-        origin = f"packaged {DEMO_CONFIG_RESOURCE}"
-    else:
-        text = path.read_text()
-        origin = str(path)
-    base = _parsed(text, origin)
-    routes = LakehousePaths.from_env().routes
-    listing = tuple(
-        (router.name, tuple(sorted(os.listdir(routes / router.name))) if (routes / router.name).is_dir() else ())
-        for router in base.routers()
-    )
-    key = (id(base), str(routes), listing)
-    cached = _ROUTED_CONFIGS.get(key)
-    if cached is None or cached[0] is not base:
-        if len(_ROUTED_CONFIGS) >= _CACHED_CONFIGS:
-            _ROUTED_CONFIGS.clear()
-        cached = _ROUTED_CONFIGS[key] = (base, base.with_routes(routes))
-    return cached[1]
-
-
-_CACHED_CONFIGS = 8
-_ROUTED_CONFIGS: dict[tuple, tuple[LakehouseConfig, LakehouseConfig]] = {}
-"""Configurations with their derived streams, by parsed configuration (kept, so its id stays its
-own) and route directories."""
-
-
-@functools.lru_cache(maxsize=_CACHED_CONFIGS)
-def _parsed(text: str, origin: str) -> LakehouseConfig:
-    """The validated configuration of ``text`` (immutable, so shared by every caller)."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{origin} is not valid YAML: {error}") from None
-    return parse_config(raw, origin)

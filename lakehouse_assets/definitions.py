@@ -38,7 +38,7 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
     asset_checks: list[dg.AssetChecksDefinition] = []
     jobs = []
     sensors: list[dg.SensorDefinition] = []
-    loaded_tables = frozenset(config.tables())
+    loaded_tables = frozenset(config.tables)
     for stream in config.streams:
         if stream.routed_from and config.router_of(stream.table_identifier):
             continue  # staged and committed by its router's committer (routed_tables)
@@ -62,7 +62,7 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
                 ]
             )
             sensors.append(routed_tables_sensor(router, routed))
-    for table_identifier, streams in config.tables().items():
+    for table_identifier, streams in config.tables.items():
         if any(stream.completeness for stream in streams):
             assets.append(complete_days_asset(table_identifier, streams))
         if config.router_of(table_identifier):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from lakehouse_assets.config import load_config
+from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.instance_settings import dagster_home, ensure_instance_settings

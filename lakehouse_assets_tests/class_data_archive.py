@@ -46,7 +46,7 @@ def _run_one_round(archive: Path, work: Path) -> None:
     import yaml
 
     from lakehouse_assets.commit.committer import commit_table
-    from lakehouse_assets.config import load_config
+    from lakehouse_assets.config_loader import load_config
     from lakehouse_assets.engine.spark import lakehouse_session, static_spark_conf
     from lakehouse_assets.ingest.micro_batching import mint_next_batch
     from lakehouse_assets.ingest.staging import stage_batch

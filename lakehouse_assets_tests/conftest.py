@@ -14,7 +14,8 @@ import dagster as dg
 import pytest
 import yaml
 
-from lakehouse_assets.config import LakehouseConfig, load_config
+from lakehouse_assets.config import LakehouseConfig
+from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets_tests.class_data_archive import ARCHIVE_OPTION, build_archive

@@ -8,7 +8,7 @@ import pytest
 
 from lakehouse_assets import cli
 from lakehouse_assets.commit.branches import audit_state
-from lakehouse_assets.config import load_config
+from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.ingest.landing import land_events

@@ -1,7 +1,9 @@
 import pytest
 
-from lakehouse_assets.config import load_config, parse_config, parse_duration
+from lakehouse_assets.config import parse_config, parse_duration
+from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.errors import ConfigError
+from lakehouse_assets.routed_streams import with_routes
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, write_config
 
 
@@ -179,10 +181,10 @@ def test_change_streams_accept_operation_pointers_constants_and_debezium():
 def test_each_routed_table_becomes_a_stream_with_the_routers_settings(tmp_path):
     router = {**ORDERS_STREAM, "name": "events", "table_identifier": "${/db}.${/table}", "schema": {}}
     config = parse_config({"streams": [router]})
-    assert config.tables() == {} and [stream.name for stream in config.routers()] == ["events"]
+    assert config.tables == {} and [stream.name for stream in config.routers()] == ["events"]
     (tmp_path / "events" / "shop.orders").mkdir(parents=True)
 
-    routed = config.with_routes(tmp_path)
+    routed = with_routes(config, tmp_path)
 
     stream = routed.stream("events__shop__orders")
     assert (stream.table_identifier, stream.routed_from, stream.flush) == (
@@ -191,7 +193,7 @@ def test_each_routed_table_becomes_a_stream_with_the_routers_settings(tmp_path):
         config.streams[0].flush,
     )
     assert stream.source.landing.path == str(tmp_path / "events" / "shop.orders")
-    assert list(routed.tables()) == ["shop.orders"]
+    assert list(routed.tables) == ["shop.orders"]
 
 
 def test_an_iceberg_source_with_a_key_applies_its_changes_by_that_key():

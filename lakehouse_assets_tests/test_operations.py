@@ -6,7 +6,7 @@ import time
 import dagster as dg
 import pytest
 
-from lakehouse_assets.config import load_config
+from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.ingest.batch_ledger import CommittedBatch, StreamLedger

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from lakehouse_assets import faults
-from lakehouse_assets.config import load_config
+from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest.landing import land_events

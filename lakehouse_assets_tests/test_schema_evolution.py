@@ -11,7 +11,7 @@ from lakehouse_assets import faults
 from lakehouse_assets.catalog.iceberg_types import iceberg_type_name
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.commit.committer import commit_table
-from lakehouse_assets.config import load_config
+from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.engine.spark import lakehouse_session

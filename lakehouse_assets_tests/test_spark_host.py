@@ -3,6 +3,8 @@ or duplicated batch, and whose errors reach the run that called it."""
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +17,7 @@ from lakehouse_assets import faults
 from lakehouse_assets.commit.committer import commit_table
 from lakehouse_assets.commit.locks import lock_if_free
 from lakehouse_assets.commit.recovery import lakehouse_commits
-from lakehouse_assets.config import load_config
+from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
@@ -123,10 +125,15 @@ def _jvm_pid(_spark, _lake) -> int:
     return SparkContext._gateway.proc.pid
 
 
-def test_a_host_killed_at_each_fault_point_is_replaced_and_the_call_repeated(lake, monkeypatch, stops_hosts):
-    """Long (about 90 s): two host starts per named point, each a JVM start."""
+# One point of each kind of call: the stage call, and the commit call before and after its write
+# lands. Every point of ``faults.CRASH_POINTS`` is killed in a real pipeline process, and the call
+# repeated on a new host is the same engine call a restarted run makes (``test_faults.py``).
+HOST_CRASH_POINTS = (faults.WRITER_AFTER_STAGING, faults.COMMITTER_BEFORE_COMMIT, faults.COMMITTER_AFTER_COMMIT)
+
+
+def test_a_host_killed_in_a_call_is_replaced_and_the_call_repeated(lake, monkeypatch, stops_hosts):
     stream = lake.stream("orders")
-    for round_number, point in enumerate(faults.CRASH_POINTS):
+    for round_number, point in enumerate(HOST_CRASH_POINTS):
         first = round_number * 20 + 1
         land_events(lake.paths, stream, [order_event(i) for i in range(first, first + 20)])
         batch, _ = mint_next_batch(lake, stream, drain=True)
@@ -140,11 +147,11 @@ def test_a_host_killed_at_each_fault_point_is_replaced_and_the_call_repeated(lak
         assert outcome.plans[0].recovered or outcome.results, point
         assert lake.ledger("orders").batch(batch.sequence).committed is not None, point
 
-    expected = list(range(1, len(faults.CRASH_POINTS) * 20 + 1))
+    expected = list(range(1, len(HOST_CRASH_POINTS) * 20 + 1))
     assert [row[0] for row in _duckdb_rows(lake, "sales.orders", "order_id")] == expected
     commits = lakehouse_commits(lake.table("sales.orders"))
     assert [(c.first_sequence, c.last_sequence, c.rows) for c in commits] == [
-        (n, n, 20) for n in range(1, len(faults.CRASH_POINTS) + 1)
+        (n, n, 20) for n in range(1, len(HOST_CRASH_POINTS) + 1)
     ]
 
 
@@ -241,3 +248,39 @@ def test_a_landing_sensor_starts_the_host_early_and_the_writer_run_waits_for_tha
     assert host_pid(lake) == starting
     assert _started_host(lake) == starting
     assert [row[0] for row in _duckdb_rows(lake, "sales.orders", "order_id")] == list(range(1, 31))
+
+
+def _long_job(spark, _lake) -> int:
+    """Minutes of Spark work on 2 cores, unless cancelled."""
+    return spark.range(0, 1 << 40, 1, 2).selectExpr("sum(id)").first()[0]
+
+
+def _active_jobs(spark, _lake) -> list[int]:
+    return list(spark.sparkContext.statusTracker().getActiveJobsIds())
+
+
+CALLER = """
+from lakehouse_assets.engine.spark_host import call_on_host
+from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets_tests.test_spark_host import _long_job
+
+call_on_host(Lakehouse.from_env(), _long_job)
+"""
+
+
+def test_a_call_whose_caller_is_killed_stops_at_its_current_spark_job(lake, stops_hosts):
+    host = call_on_host(lake, _process_id)
+    caller = subprocess.Popen([sys.executable, "-c", CALLER])
+    deadline = time.monotonic() + 120
+    while not call_on_host(lake, _active_jobs):
+        assert caller.poll() is None and time.monotonic() < deadline, "the long call never started its job"
+        time.sleep(0.2)
+
+    caller.kill()  # as a run worker killed, or terminated by Dagster, mid-call
+    caller.wait()
+
+    while call_on_host(lake, _active_jobs):
+        assert time.monotonic() < deadline, "the call's Spark job ran on after its caller left"
+        time.sleep(0.2)
+    assert call_on_host(lake, _process_id) == host, "the same host goes on serving calls"
+    assert "the caller of _long_job left" in (lake.paths.state / "spark-host.log").read_text()

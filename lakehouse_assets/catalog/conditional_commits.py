@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from lakehouse_assets.catalog.table_metadata import qualified_name
+from lakehouse_assets.engine.jvm import is_commit_conflict
 from lakehouse_assets.engine.jvm import jvm as spark_jvm
 
 if TYPE_CHECKING:  # the DuckDB checks import the branches module, which imports this, without Spark
@@ -53,7 +54,7 @@ def _commit_if_unchanged(
     try:
         operations.commit(base, change(jvm.org.apache.iceberg.TableMetadata.buildFrom(base)).build())
     except Exception as error:  # noqa: BLE001 - py4j wraps Iceberg's CommitFailedException
-        if "CommitFailedException" in str(error):
+        if is_commit_conflict(error):
             return False
         raise
     spark.catalog.refreshTable(qualified_name(identifier))

@@ -134,7 +134,7 @@ def require_static_tables(lake: Lakehouse) -> None:
     """Raise TableNotFoundError naming every static table that is missing and may not be created."""
     missing = [
         f"{table} (streams {', '.join(stream.name for stream in streams)})"
-        for table, streams in lake.config.tables().items()
+        for table, streams in lake.config.tables.items()
         if not any(stream.auto_create for stream in streams) and lake.metadata_location(table) is None
     ]
     if missing:

@@ -67,6 +67,7 @@ from lakehouse_assets.commit.table_writes import (
     merge_changes,
 )
 from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.engine.jvm import is_commit_conflict
 from lakehouse_assets.errors import CommitOutcomeUnknownError, ConfigError, FencedError, SequenceGapError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import BatchRecord, CommittedBatch, StreamLedger
@@ -268,10 +269,6 @@ def _has_ready_batches(committer: CommitterPass, streams: list[StreamSpec]) -> b
     return False
 
 
-def _is_commit_conflict(error: Exception) -> bool:
-    return "CommitFailedException" in str(error)
-
-
 def _write_until_landed(
     committer: CommitterPass, stream: StreamSpec, last_sequence: int, write: Callable[[], None]
 ) -> Table:
@@ -300,7 +297,7 @@ def _write_until_landed(
                 f"table {committer.table_identifier}: the commit of batch {last_sequence} returned but the ancestry "
                 "does not show it; staged data is kept for the next run"
             )
-        if not _is_commit_conflict(error) or attempt == COMMIT_ATTEMPTS:
+        if not is_commit_conflict(error) or attempt == COMMIT_ATTEMPTS:
             raise error
         committer.expected_snapshot_id = branch_head_id(confirmed, committer.branch)
     raise AssertionError("unreachable")
@@ -551,7 +548,7 @@ def commit_table(
 ) -> CommitOutcome:
     """Commit every stream's ready batches to one table (to its audit branch under ``publish:
     audit``, and only while that branch holds nothing unpublished), unless fenced by another committer."""
-    streams = lake.config.tables()[table_identifier]
+    streams = lake.config.tables[table_identifier]
     branch = AUDIT_BRANCH if lake.config.audits(table_identifier) else MAIN_BRANCH
     committer = CommitterPass.begin(spark, lake, table_identifier, run_id, branch)
     crash_point(faults.COMMITTER_BEFORE_LOCK)

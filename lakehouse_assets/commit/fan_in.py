@@ -18,7 +18,7 @@ from functools import partial
 from pyspark.sql import SparkSession
 
 from lakehouse_assets.commit.committer import CommitOutcome, CommitResult, commit_table
-from lakehouse_assets.config import StreamSpec, routed_stream_name
+from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.errors import describe_error
 from lakehouse_assets.ingest.batch_ledger import StreamLedger
 from lakehouse_assets.ingest.landing import list_landing_files
@@ -27,6 +27,7 @@ from lakehouse_assets.ingest.routed_staging import PendingBatch, stage_routed_ba
 from lakehouse_assets.ingest.routing import route_dir
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.routed_streams import routed_stream_name
 
 CONCURRENT_COMMITS = 2
 """Tables committed at once; each commit still holds its own table's lock."""
@@ -57,7 +58,7 @@ def stage_routed_tables(
 ) -> dict[str, str]:
     """Mint every route file of ``tables`` not in a batch yet and stage every unstaged batch of
     theirs, in one Spark session and one Spark job per table schema (``routed_staging``); ``config``
-    must hold their derived streams (``LakehouseConfig.with_routes``). Harmless to repeat. Returns
+    must hold their derived streams (``routed_streams.with_routes``). Harmless to repeat. Returns
     the tables that could not be staged, with the error; the others are staged."""
     pending: list[PendingBatch] = []
     for table in tables:

@@ -27,6 +27,7 @@ from lakehouse_assets.catalog.table_metadata import is_hadoop_catalog, qualified
 from lakehouse_assets.commit.branches import fast_forward
 from lakehouse_assets.commit.summary_keys import CommitStamp
 from lakehouse_assets.config import LakehouseConfig
+from lakehouse_assets.engine.jvm import is_commit_conflict
 from lakehouse_assets.errors import FencedError
 from lakehouse_assets.faults import crash_point
 
@@ -54,7 +55,7 @@ def _swapped(change: Callable[[], object]) -> None:
             change()
             return
         except Exception as error:  # noqa: BLE001 - py4j wraps Iceberg's CommitFailedException
-            if "CommitFailedException" not in str(error) or attempt == SWAP_ATTEMPTS:
+            if not is_commit_conflict(error) or attempt == SWAP_ATTEMPTS:
                 raise
             time.sleep(0.1 * attempt)
 

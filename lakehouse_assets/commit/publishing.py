@@ -59,11 +59,11 @@ class DiscardResult:
 
 
 def _require_audited(config: LakehouseConfig, table_identifier: str) -> list[StreamSpec]:
-    if table_identifier not in config.tables():
-        raise ConfigError(f"unknown table {table_identifier!r}; configured tables: {', '.join(config.tables())}")
+    if table_identifier not in config.tables:
+        raise ConfigError(f"unknown table {table_identifier!r}; configured tables: {', '.join(config.tables)}")
     if not config.audits(table_identifier):
         raise ConfigError(f"{table_identifier} is published directly (publish: direct); it has no audit branch")
-    return config.tables()[table_identifier]
+    return config.tables[table_identifier]
 
 
 def _audited_batches(lake: Lakehouse, stream: StreamSpec, first: int, last: int) -> list[BatchRecord]:

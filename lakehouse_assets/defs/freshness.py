@@ -24,7 +24,7 @@ def freshness_schedules(config: LakehouseConfig) -> list[dg.ScheduleDefinition]:
     """Every five minutes, per table (per router for the tables it feeds), evaluate the freshness check."""
     jobs = {
         names.freshness_schedule_name(table): names.freshness_job_name(table)
-        for table in config.tables()
+        for table in config.tables
         if config.router_of(table) is None
     }
     for router in config.routers():

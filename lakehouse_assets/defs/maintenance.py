@@ -109,7 +109,7 @@ def maintenance_schedules(config: LakehouseConfig) -> list[dg.ScheduleDefinition
     """A schedule per table whose maintenance has a ``schedule`` (cron, UTC); one per router for
     the tables it feeds."""
     schedules = []
-    for table_identifier in config.tables():
+    for table_identifier in config.tables:
         cron = config.maintenance(table_identifier).schedule
         if cron and config.router_of(table_identifier) is None:
             name = names.maintenance_schedule_name(table_identifier)

@@ -12,9 +12,10 @@ Spark 3.5 ships only through Maven, and Iceberg's runtime for Spark 4 is not on 
 project carries this small host instead. It runs the very engine functions a run would run, with
 the same table locks, fences and ancestry checks: a host killed mid-call is a process killed at
 that point (what the fault suite proves safe), and the calling run starts a new host and repeats
-the call; a run that dies while its call goes on leaves a call that completes or not, idempotently,
-and is repeated by the next run. A host whose JVM died exits, and one told to stop (SIGTERM)
-answers its calls in flight first.
+the call. A call whose caller leaves (its run terminated, or its process killed) has its Spark jobs
+cancelled and stops there, as at a crash; the next run repeats it. A call not answered within
+``spark_host.call_timeout`` is taken for a hung host, which the caller kills. A host whose JVM died
+exits, and one told to stop (SIGTERM) answers its calls in flight first.
 
 A landing sensor that sees events coming starts the host without waiting for it, so the JVM starts
 while the batch fills; otherwise the first run that needs it does (detached, logging to
@@ -28,6 +29,7 @@ one idles out. Calls are authenticated with a key kept in ``state/`` (mode 0600)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -64,6 +66,8 @@ HOST_ATTEMPTS = 3
 """Hosts one engine call is tried on before its run fails: a dead host is replaced and the call repeated."""
 STOP_TIMEOUT_SECONDS = 120.0
 """How long a host told to stop (SIGTERM, SIGINT) waits for its calls in flight before it exits."""
+CALLER_POLL_SECONDS = 0.5
+"""How often a call in progress looks whether its caller is still there."""
 JVM_EXIT_WAIT_SECONDS = 2.0
 """How long a call whose JVM connection broke waits to see the JVM exit (its socket closes first)."""
 
@@ -331,16 +335,20 @@ class _Host:
             function, lake, args, kwargs = request
             with self.guard:
                 self.in_flight += 1
+            call = _Call(function.__name__, connection)
             try:
-                connection.send(("ok", _run(function, lake, args, kwargs)))
+                answer = ("ok", _run(function, lake, args, kwargs, call.job_group))
             except Exception as error:  # noqa: BLE001 - every failure travels back to the calling run
                 if _jvm_exited(JVM_EXIT_WAIT_SECONDS if _broke_jvm_connection(error) else 0.0):
                     _exit_for_lost_jvm()  # no answer: the caller repeats the call on a new host
-                connection.send(("error", _travelling(error)))
+                answer = ("error", _travelling(error))
             finally:
+                call.done.set()
                 with self.guard:
                     self.in_flight -= 1
                     self.last_call = time.monotonic()
+            with contextlib.suppress(OSError):  # a caller that left gets no answer
+                connection.send(answer)
 
     def _exit_when_idle(self, address: str) -> None:
         while True:
@@ -386,11 +394,42 @@ def _exit_for_lost_jvm() -> None:
     os._exit(JVM_GONE_EXIT)
 
 
-def _run(function: Callable[..., Any], lake: Lakehouse, args, kwargs) -> Any:
+class _Call:
+    """One engine call being answered: its Spark jobs run in a job group of their own, which is
+    cancelled when the caller leaves before the answer (its run was terminated, or its process
+    killed), so a call nobody waits for stops at its current Spark job instead of running on.
+    Stopping there is safe: every engine call survives a crash at any point."""
+
+    def __init__(self, name: str, connection: Connection) -> None:
+        self.name = name
+        self.job_group = f"lakehouse-call-{secrets.token_hex(8)}"
+        self.done = threading.Event()
+        threading.Thread(target=self._cancel_when_caller_leaves, args=(connection,), daemon=True).start()
+
+    def _cancel_when_caller_leaves(self, connection: Connection) -> None:
+        # The caller sends nothing after its request: the connection turns readable when it closes.
+        while not self.done.wait(CALLER_POLL_SECONDS):
+            try:
+                left = connection.poll(0)
+            except (OSError, EOFError):
+                left = True
+            if left:
+                from pyspark import SparkContext
+
+                print(f"the caller of {self.name} left; cancelling the call's Spark jobs", flush=True)
+                if SparkContext._active_spark_context is not None:
+                    SparkContext._active_spark_context.cancelJobGroup(self.job_group)
+                return
+
+
+def _run(function: Callable[..., Any], lake: Lakehouse, args, kwargs, job_group: str) -> Any:
     from lakehouse_assets.engine.spark import lakehouse_session
 
     started = time.monotonic()
-    result = function(lakehouse_session(lake), lake, *args, **kwargs)
+    spark = lakehouse_session(lake)
+    # Spark's job group is the calling thread's (PySpark pins each Python thread to a JVM thread).
+    spark.sparkContext.setJobGroup(job_group, function.__name__, interruptOnCancel=True)
+    result = function(spark, lake, *args, **kwargs)
     print(f"{function.__name__} in {time.monotonic() - started:.2f}s", flush=True)
     return result
 

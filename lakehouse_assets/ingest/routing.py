@@ -3,7 +3,7 @@
 The router is a fan-out in front of ordinary streams. It reads each minted batch of the routing
 stream, resolves every event's table, and publishes the events of each table, in landing order, as
 one file ``routes/<stream>/<table>/<sequence>.ndjson``. Each such directory is the landing
-directory of a derived stream (``LakehouseConfig.with_routes``) with its own staging ledger,
+directory of a derived stream (``routed_streams.with_routes``) with its own staging ledger,
 commit sequence, table and checks, so everything after routing is the pipeline every stream uses.
 
 Exactly once: one attempt wins a batch (``staged.json``, as for any batch); its route files have
@@ -31,7 +31,7 @@ from lakehouse_assets.commit.dead_letters import DEAD_LETTER_SUFFIX, commit_dead
 from lakehouse_assets.commit.locks import exclusive_lock, stream_lock_file, table_lock_file
 from lakehouse_assets.commit.recovery import branch_head_id, next_epoch
 from lakehouse_assets.commit.summary_keys import CommitStamp
-from lakehouse_assets.config import ROUTED_TABLE, ROUTER_DEAD_LETTER_NAMESPACE, TEMPLATE_POINTER, StreamSpec
+from lakehouse_assets.config import ROUTER_DEAD_LETTER_NAMESPACE, TEMPLATE_POINTER, StreamSpec
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import EVENTS_DIR, BatchRecord, CommittedBatch, StagedBatch, StreamLedger
 from lakehouse_assets.ingest.landing import landing_dir
@@ -40,11 +40,12 @@ from lakehouse_assets.ingest.staged_format import EVENT_COLUMN, LINE_COLUMN, REA
 from lakehouse_assets.ingest.staging import input_links, landing_files, minted_record
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.routed_streams import ROUTED_TABLE
 
 ROUTE_COLUMN = "_lakehouse_route"
 ROUTES_DIR = "routes"
 ROUTED_IDENTIFIER = f"^{ROUTED_TABLE}\\z"
-"""The routed-table grammar (``config.ROUTED_TABLE``) as a Java regular expression for ``rlike``."""
+"""The routed-table grammar (``routed_streams.ROUTED_TABLE``) as a Java regular expression for ``rlike``."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import shlex
 from importlib import resources
 from pathlib import Path
 
-from lakehouse_assets.config import DEFAULT_CONFIG_FILE, DEMO_CONFIG_RESOURCE
+from lakehouse_assets.config_loader import DEFAULT_CONFIG_FILE, DEMO_CONFIG_RESOURCE
 from lakehouse_assets.instance_settings import ensure_instance_settings
 from lakehouse_assets.paths import DEFAULT_HOME
 

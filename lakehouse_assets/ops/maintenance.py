@@ -268,13 +268,13 @@ def maintain_table(spark: SparkSession, lake: Lakehouse, table_identifier: str) 
     with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
         table = lake.table(table_identifier)
         awaiting = audited and audit_state(table).awaiting_publish
-        landed_now = partial(still_landed, lake.paths, lake.config.tables()[table_identifier])
+        landed_now = partial(still_landed, lake.paths, lake.config.tables[table_identifier])
         steps.extend(_maintain_one(spark, lake, table_identifier, spec, landed_now, awaiting))
         steps.extend(_maintain_one(spark, lake, dead_letter_identifier(table_identifier), spec, landed_now))
         table = lake.table(table_identifier)
         if audited and table is not None:
             sync_audit_branch(spark, table, table_identifier)
-        for stream in lake.config.tables()[table_identifier]:
+        for stream in lake.config.tables[table_identifier]:
             started = time.monotonic()
             removed = remove_committed_landing_files(lake.paths, stream, table, time.time())
             steps.append(

@@ -62,10 +62,10 @@ def _dead_letters_of(config: LakehouseConfig, table_identifier: str) -> tuple[st
     routers = {stream.router_dead_letter_identifier: stream for stream in config.routers()}
     if table_identifier in routers:
         return table_identifier, {routers[table_identifier].name: routers[table_identifier]}
-    if table_identifier not in config.tables():
-        known = ", ".join([*config.tables(), *routers])
+    if table_identifier not in config.tables:
+        known = ", ".join([*config.tables, *routers])
         raise ConfigError(f"unknown table {table_identifier!r}; configured tables: {known}")
-    streams = {stream.name: stream for stream in config.tables()[table_identifier]}
+    streams = {stream.name: stream for stream in config.tables[table_identifier]}
     return dead_letter_identifier(table_identifier), streams
 
 

@@ -43,7 +43,7 @@ class QueryResult:
 def table_names(lake: Lakehouse) -> list[str]:
     """The configured tables, their dead-letter tables and the routers' dead-letter tables."""
     names: list[str] = []
-    for identifier in lake.config.tables():
+    for identifier in lake.config.tables:
         names += [identifier, dead_letter_identifier(identifier)]
     names += [stream.router_dead_letter_identifier for stream in lake.config.streams if stream.is_router]
     return list(dict.fromkeys(names))

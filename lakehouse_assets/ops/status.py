@@ -69,7 +69,7 @@ def _audit_progress(config: LakehouseConfig, table_identifier: str, table: Table
 def lakehouse_status(lake: Lakehouse, instance: dg.DagsterInstance | None) -> list[dict[str, Any]]:
     """One entry per table with its streams' progress and the last check results."""
     report = []
-    for table_identifier, streams in lake.config.tables().items():
+    for table_identifier, streams in lake.config.tables.items():
         table = lake.table(table_identifier)
         snapshot = table.current_snapshot() if table else None
         stream_entries = []

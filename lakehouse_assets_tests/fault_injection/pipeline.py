@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from lakehouse_assets import cli, faults
-from lakehouse_assets.config import CONFIG_ENV
+from lakehouse_assets.config_loader import CONFIG_ENV
 from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import HOME_ENV, STORAGE_ROOT_ENV

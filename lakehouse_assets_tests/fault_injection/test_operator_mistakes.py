@@ -21,7 +21,7 @@ from lakehouse_assets.catalog.table_metadata import VERSION_HINT
 from lakehouse_assets.commit.dead_letters import replayed_keys, sidecar_path
 from lakehouse_assets.commit.locks import replay_lock_file
 from lakehouse_assets.commit.recovery import CHECKPOINT_PROPERTY, Checkpoint, committed_landing_files, read_checkpoint
-from lakehouse_assets.config import load_config
+from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
