@@ -232,6 +232,8 @@ def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each
 
 
 def test_two_hosts_maintaining_one_table_at_once_keep_recovery_exactly_once(lake, tmp_path):
+    """Long (70-110 s): host A is two real processes held at a fault point (each a cold JVM), while
+    host B commits five rounds and maintains (compaction, expiry, orphan removal) twice."""
     host_b = _second_host(lake, tmp_path)
 
     def commit_on_host_b(round_number: int) -> None:
