@@ -9,7 +9,7 @@ from lakehouse_assets.config import FlushSpec
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.defs.sensors import landing_sensor_interval
+from lakehouse_assets.defs.sensors import committer_backoff, landing_sensor_interval
 from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets_tests.conftest import order_event
 
@@ -110,3 +110,28 @@ def test_the_landing_sensor_ticks_at_a_third_of_max_age_within_bounds(config):
         for age in (1.0, 15.0, 60.0, 3600.0)
     }
     assert intervals == {1.0: 5, 15.0: 5, 60.0: 20, 3600.0: 30}
+
+
+def _failed_run(instance: dg.DagsterInstance, job_name: str) -> dg.DagsterRun:
+    run = instance.create_run_for_job(dg.GraphDefinition(job_name).to_job())
+    instance.report_run_failed(run, message="injected")
+    return run
+
+
+def test_a_committer_that_keeps_failing_is_requested_again_after_a_doubling_backoff(instance):
+    job = names.commit_job_name("sales.orders")
+    assert committer_backoff(instance, job) is None
+
+    _failed_run(instance, job)
+    once = time.time()
+    assert "the last 1 runs" in committer_backoff(instance, job, now=once + 1)
+    assert committer_backoff(instance, job, now=once + 6) is None  # 5 s after one failure
+    _failed_run(instance, job)
+    twice = time.time()
+    assert "the last 2 runs" in committer_backoff(instance, job, now=twice + 6)
+    assert committer_backoff(instance, job, now=twice + 11) is None  # 10 s after two
+    succeeded = instance.create_run_for_job(dg.GraphDefinition(job).to_job())
+    instance.report_dagster_event(
+        dg.DagsterEvent(event_type_value=dg.DagsterEventType.RUN_SUCCESS.value, job_name=job), succeeded.run_id
+    )
+    assert committer_backoff(instance, job, now=twice + 1) is None, "a success ends the backoff"

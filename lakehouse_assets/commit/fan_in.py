@@ -17,7 +17,7 @@ from functools import partial
 
 from pyspark.sql import SparkSession
 
-from lakehouse_assets.commit.committer import CommitOutcome, CommitResult, commit_table
+from lakehouse_assets.commit.committer import CommitOutcome, commit_table
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.errors import describe_error
 from lakehouse_assets.ingest.batch_ledger import StreamLedger
@@ -72,9 +72,10 @@ def stage_routed_tables(
 
 @dataclass(frozen=True)
 class NewRoutes:
-    """What committing new routed tables did: the commits, and the tables that failed, with why."""
+    """What committing new routed tables did: each table's committer pass, and the tables that
+    failed, with why."""
 
-    results: list[CommitResult]
+    outcomes: dict[str, CommitOutcome]
     failed: dict[str, str]
 
 
@@ -89,14 +90,14 @@ def commit_new_routes(
     own yet; the derived streams' ledgers, locks and fencing make this safe next to any other
     committer. A table that cannot be staged or committed holds back no other."""
     failed = stage_routed_tables(spark, lake, router, tables, run_id)
-    results: list[CommitResult] = []
+    outcomes: dict[str, CommitOutcome] = {}
     commit = partial(commit_table, spark, lake, run_id=run_id)
     for table, outcome in commit_concurrently(commit, [table for table in tables if table not in failed]):
         if isinstance(outcome, Exception):
             failed[table] = describe_error(outcome)
         else:
-            results.extend(outcome.results)
-    return NewRoutes(results, failed)
+            outcomes[table] = outcome
+    return NewRoutes(outcomes, failed)
 
 
 def commit_concurrently(

@@ -124,10 +124,12 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
             )
             # The configuration read again: routing gave each new table its derived stream.
             committed = spark.run(lakehouse.lake(), commit_new_routes, router, new_tables, context.run.run_id)
-            for result in committed.results:
-                context.log_event(
-                    dg.AssetMaterialization(names.table_key(result.table), metadata=commit_metadata(result))
-                )
+            # Reported as every committer pass is (``report_commit_pass``), as events: this run's
+            # asset is the router's staging asset, not the tables'.
+            for table, outcome in committed.outcomes.items():
+                result = report_commit_pass(context, lakehouse, table, lakehouse.lake().config.tables[table], outcome)
+                if result is not None:
+                    context.log_event(dg.AssetMaterialization(names.table_key(table), metadata=result.metadata))
             if committed.failed:
                 for table, error in committed.failed.items():
                     context.log.error(f"{table}: {error}")
@@ -177,13 +179,13 @@ def commit_metadata(result: CommitResult) -> dict[str, Any]:
     } | ({"source_snapshot": result.source_snapshot} if result.source_snapshot else {})
 
 
-def _run_ranges(outcome: CommitOutcome) -> dict[str, dg.JsonMetadataValue]:
-    """Per stream, the first and last batch this run committed (what the run-level checks read)."""
+def run_ranges(outcome: CommitOutcome) -> dict[str, list[int]]:
+    """Per stream, the first and last batch this pass committed (what the run-level checks read)."""
     ranges: dict[str, list[int]] = {}
     for result in outcome.results:
         first, last = ranges.get(result.stream, [result.first_sequence, result.last_sequence])
         ranges[result.stream] = [min(first, result.first_sequence), max(last, result.last_sequence)]
-    return {names.RUN_RANGES_METADATA: dg.JsonMetadataValue(ranges)}
+    return ranges
 
 
 def complete_days_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetSpec:
@@ -253,20 +255,6 @@ def _awaiting_publish(
     )
 
 
-def commit_ready_batches(
-    context: dg.AssetExecutionContext,
-    lakehouse: LakehouseResource,
-    spark: SparkResource,
-    table_identifier: str,
-    streams: list[StreamSpec],
-) -> CommitOutcome:
-    """Commit the table's ready staged batches in Spark, log what each stream waits on, and report
-    the days the commit completed. Raises SequenceGapError when a batch is missing."""
-    outcome = spark.run(lakehouse.lake(), commit_table, table_identifier, context.run.run_id)
-    log_commit_pass(context, lakehouse, table_identifier, streams, outcome)
-    return outcome
-
-
 def log_commit_pass(
     context: dg.AssetExecutionContext,
     lakehouse: LakehouseResource,
@@ -290,6 +278,24 @@ def log_commit_pass(
     _signal_complete_days(context, table_identifier, [lake.stream(s.name) for s in streams], table)
 
 
+def report_commit_pass(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    table_identifier: str,
+    streams: list[StreamSpec],
+    outcome: CommitOutcome,
+) -> dg.MaterializeResult | None:
+    """One committer pass as Dagster shows it, for every committer (a table's, the routed tables',
+    a routing run's for new tables): what each stream waits on and the days it completed, in the
+    log; every commit but the last as a materialization of the table; the last one's returned
+    (None when the pass committed nothing)."""
+    log_commit_pass(context, lakehouse, table_identifier, streams, outcome)
+    if not outcome.results:
+        return None
+    metadata = commits_metadata(context, lakehouse, table_identifier, streams, outcome)
+    return dg.MaterializeResult(asset_key=names.table_key(table_identifier), metadata=metadata)
+
+
 def commits_metadata(
     context: dg.AssetExecutionContext,
     lakehouse: LakehouseResource,
@@ -310,7 +316,12 @@ def commits_metadata(
         after["branch"] = AUDIT_BRANCH
     keys = [column for stream in streams for column in stream.identifier_columns or []]
     standard = standard_table_metadata(table_identifier, table, keys) if table else {}
-    return commit_metadata(outcome.results[-1]) | after | _run_ranges(outcome) | standard
+    return (
+        commit_metadata(outcome.results[-1])
+        | after
+        | {names.RUN_RANGES_METADATA: dg.JsonMetadataValue(run_ranges(outcome))}
+        | standard
+    )
 
 
 def standard_table_metadata(table_identifier: str, table: Table, identifier_columns: list[str]) -> dict:
@@ -376,17 +387,19 @@ def table_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetsDe
                 context.log.info(f"commit_interval: {wait:.1f}s until the next commit; the committer run commits then")
                 return
         try:
-            outcome = commit_ready_batches(context, lakehouse, spark, table_identifier, streams)
+            outcome = spark.run(lakehouse.lake(), commit_table, table_identifier, context.run.run_id)
         except SequenceGapError as gap:
             # A gap must be loud: fail the run, and fail the sequence check where the UI shows it.
             context.log_event(sequence_gap_evaluation(context.asset_key, gap))
             raise
         if outcome.awaiting_publish:
+            log_commit_pass(context, lakehouse, table_identifier, streams, outcome)
             yield from _awaiting_publish(context, lakehouse, table_identifier, streams, outcome.awaiting_publish)
             return
-        if not outcome.results:
+        result = report_commit_pass(context, lakehouse, table_identifier, streams, outcome)
+        if result is None:
             context.log.info("nothing committed; the table is unchanged")
             return
-        yield dg.MaterializeResult(metadata=commits_metadata(context, lakehouse, table_identifier, streams, outcome))
+        yield result
 
     return iceberg_table

@@ -4,6 +4,7 @@ per table the job that runs the blocking checks alone (``lakehouse check``)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import dagster as dg
 from pyiceberg.table import StaticTable
@@ -16,6 +17,7 @@ from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import blocking_check_names, blocking_expectations
 from lakehouse_assets.defs.resources import LakehouseResource
+from lakehouse_assets.errors import describe_error
 from lakehouse_assets.ingest.batch_ledger import StreamLedger
 from lakehouse_assets.quality import checks
 from lakehouse_assets.quality.duck import iceberg_connection
@@ -45,6 +47,21 @@ class TableCheck:
     description: str
     blocking: bool
     evaluate: Callable[[LakehouseResource, CheckTarget], dg.AssetCheckResult]
+
+    def result(
+        self, key: dg.AssetKey, lakehouse: LakehouseResource, target: CheckTarget | Callable[[], CheckTarget]
+    ) -> dg.AssetCheckResult:
+        """The check's result on the table ``key`` (``target`` or what it returns). An error while
+        checking is a failed result with the error, so a broken check neither stops the other
+        tables' checks nor passes silently; a blocking one still fails its run."""
+        try:
+            result = self.evaluate(lakehouse, target if isinstance(target, CheckTarget) else target())
+        except Exception as error:  # noqa: BLE001 - reported as the check's result
+            found = describe_error(error)
+            result = dg.AssetCheckResult(
+                passed=False, description=f"could not check: {error}", metadata={"found": found}
+            )
+        return result._replace(asset_key=key, check_name=self.name)
 
 
 def materialized_target(instance: dg.DagsterInstance, table_identifier: str) -> CheckTarget:
@@ -165,7 +182,8 @@ def _asset_check(table_identifier: str, check: TableCheck) -> dg.AssetChecksDefi
         description=check.description,
     )
     def _check(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
-        return check.evaluate(lakehouse, checked_target(context.instance, lakehouse, table_identifier))
+        target = partial(checked_target, context.instance, lakehouse, table_identifier)
+        return check.result(names.table_key(table_identifier), lakehouse, target)
 
     return _check
 

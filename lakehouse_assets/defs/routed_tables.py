@@ -8,8 +8,7 @@ process and one Spark session. A database of 500 tables is one sensor and one ru
 the others go on, and the step fails at the end naming it.
 """
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 
 import dagster as dg
@@ -18,36 +17,19 @@ from lakehouse_assets.commit.committer import CommitOutcome, commit_table, secon
 from lakehouse_assets.commit.fan_in import commit_concurrently, stage_routed_tables, tables_with_pending_routes
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
-from lakehouse_assets.defs.assets import commit_due_in, commits_metadata, log_commit_pass, sequence_gap_evaluation
+from lakehouse_assets.defs.assets import commit_due_in, report_commit_pass, run_ranges, sequence_gap_evaluation
 from lakehouse_assets.defs.check_status import blocking_check_names
 from lakehouse_assets.defs.checks import CheckTarget, TableCheck, checked_target, table_check_registry
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
-from lakehouse_assets.defs.sensors import run_in_progress, writer_retry_backoff
+from lakehouse_assets.defs.sensors import committer_backoff, run_in_progress
 from lakehouse_assets.errors import SequenceGapError, describe_error
 from lakehouse_assets.quality import checks
-from lakehouse_assets.run_states import FAILED
 
 
 class RoutedTablesConfig(dg.Config):
     """Which routed tables a run works on: by default every table it selects."""
 
     tables: list[str] = []
-
-
-def _evaluated(
-    key: dg.AssetKey,
-    check: TableCheck,
-    lakehouse: LakehouseResource,
-    target: CheckTarget | Callable[[], CheckTarget],
-) -> dg.AssetCheckResult:
-    """The check's result on the table ``key``; an error while checking is a failed result with
-    its traceback, so one table's broken check neither stops the other tables nor passes silently."""
-    try:
-        result = check.evaluate(lakehouse, target if isinstance(target, CheckTarget) else target())
-    except Exception as error:  # noqa: BLE001 - reported on the table's check; the step fails at the end
-        found = describe_error(error)
-        result = dg.AssetCheckResult(passed=False, description=f"could not check: {error}", metadata={"found": found})
-    return result._replace(asset_key=key, check_name=check.name)
 
 
 def routed_tables_asset(router: StreamSpec, tables: dict[str, list[StreamSpec]]) -> dg.AssetsDefinition:
@@ -102,7 +84,7 @@ def routed_tables_asset(router: StreamSpec, tables: dict[str, list[StreamSpec]])
             target = partial(checked_target, context.instance, lakehouse, keys[key])
             for check in registry[keys[key]]:
                 if dg.AssetCheckKey(key, check.name) in selected_checks:
-                    yield _evaluated(key, check, lakehouse, target)
+                    yield check.result(key, lakehouse, target)
         if failed:
             raise dg.Failure(f"{len(failed)} routed tables failed: " + "; ".join(failed))
 
@@ -174,19 +156,16 @@ def _report_commit(
         context.log.error(f"{table}: commit failed: {describe_error(outcome)}")
         failed.append(f"{table}: {outcome}")
         return
-    log_commit_pass(context, lakehouse, table, streams, outcome)
-    if not outcome.results:
+    materialization = report_commit_pass(context, lakehouse, table, streams, outcome)
+    if materialization is None:
         return
-    metadata = commits_metadata(context, lakehouse, table, streams, outcome)
     last = outcome.results[-1]
-    target = CheckTarget(
-        checks.CommittedSnapshot(last.metadata_location, last.snapshot_id), metadata[names.RUN_RANGES_METADATA].value
-    )
-    yield dg.MaterializeResult(asset_key=key, metadata=metadata)
+    target = CheckTarget(checks.CommittedSnapshot(last.metadata_location, last.snapshot_id), run_ranges(outcome))
+    yield materialization
     # The checks are logged rather than planned with the run: planning a check is an event per
     # check and table at run creation, which for hundreds of tables cost more than the checks.
     for check in table_checks:
-        result = _evaluated(key, check, lakehouse, target)
+        result = check.result(key, lakehouse, target)
         context.log_event(
             dg.AssetCheckEvaluation(
                 asset_key=key,
@@ -247,29 +226,6 @@ def routed_freshness_job(router: StreamSpec, tables: dict[str, list[StreamSpec]]
     )
 
 
-def _failure_backoff(instance: dg.DagsterInstance, job_name: str, now: float | None = None) -> str | None:
-    """Why not to request the committer yet: its last runs failed (a table that fails for good,
-    such as a gap, would otherwise fail a run every tick); None when a run may start. Waits 5 s
-    after one failure, doubling per consecutive failure up to a minute (``writer_retry_backoff``)."""
-    records = instance.get_run_records(filters=dg.RunsFilter(job_name=job_name), limit=10)
-    failures = 0
-    for record in records:
-        if record.dagster_run.status not in FAILED:
-            break
-        failures += 1
-    if not failures:
-        return None
-    failed_at = records[0].end_time or records[0].update_timestamp.timestamp()
-    retry_at = failed_at + writer_retry_backoff(failures)
-    remaining = retry_at - (time.time() if now is None else now)
-    if remaining <= 0:
-        return None
-    return (
-        f"the last {failures} runs of {job_name} failed (latest {records[0].dagster_run.run_id}); "
-        f"requesting the tables again in {remaining:.0f}s"
-    )
-
-
 def routed_tables_sensor(router: StreamSpec, tables: dict[str, list[StreamSpec]]) -> dg.SensorDefinition:
     """Requests one committer run for the router's tables that have routes to commit and whose
     ``commit_interval`` has passed, selecting just those tables; none while the router's writer or
@@ -292,7 +248,7 @@ def routed_tables_sensor(router: StreamSpec, tables: dict[str, list[StreamSpec]]
             busy = run_in_progress(context.instance, jobs)
             if busy:
                 return dg.SkipReason(f"run {busy.run_id} of {busy.job_name} is in progress and commits the routes")
-            waiting = _failure_backoff(context.instance, names.routed_commit_job_name(router.name))
+            waiting = committer_backoff(context.instance, names.routed_commit_job_name(router.name))
             if waiting:
                 return dg.SkipReason(waiting)
             waits = {table: seconds_until_commit_due(lake.table(table), tables[table]) for table in pending}

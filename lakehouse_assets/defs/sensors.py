@@ -78,6 +78,30 @@ def _retries_exhausted(instance: dg.DagsterInstance, run: dg.DagsterRun, failed_
         return True
 
 
+def committer_backoff(instance: dg.DagsterInstance, job_name: str, now: float | None = None) -> str | None:
+    """Why not to request a committer job yet: its last runs failed (a table that fails for good,
+    such as a gap, would otherwise fail a run every tick); None when a run may start. Waits 5 s
+    after one failure, doubling per consecutive failure up to a minute (``writer_retry_backoff``).
+    The one backoff of every committer sensor, a table's and a router's."""
+    records = instance.get_run_records(filters=dg.RunsFilter(job_name=job_name), limit=10)
+    failures = 0
+    for record in records:
+        if record.dagster_run.status not in FAILED:
+            break
+        failures += 1
+    if not failures:
+        return None
+    failed_at = records[0].end_time or records[0].update_timestamp.timestamp()
+    retry_at = failed_at + writer_retry_backoff(failures)
+    remaining = retry_at - (time.time() if now is None else now)
+    if remaining <= 0:
+        return None
+    return (
+        f"the last {failures} runs of {job_name} failed (latest {records[0].dagster_run.run_id}); "
+        f"requesting the tables again in {remaining:.0f}s"
+    )
+
+
 class UnstagedBatch(NamedTuple):
     """What the landing sensor does about a minted batch that is not staged yet."""
 
@@ -245,6 +269,9 @@ def staged_batches_sensor(table_identifier: str, streams: list[StreamSpec]) -> d
         busy = run_in_progress(context.instance, jobs)
         if busy:
             return dg.SkipReason(f"run {busy.run_id} of {busy.job_name} is in progress and commits when it can")
+        backoff = committer_backoff(context.instance, names.commit_job_name(table_identifier))
+        if backoff:
+            return dg.SkipReason(backoff)
         summary = ", ".join(f"{name}: {count} batches" for name, count in ready.items())
         return dg.RunRequest(tags={names.TABLE_TAG: table_identifier, "lakehouse/ready": summary})
 
