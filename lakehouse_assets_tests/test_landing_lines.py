@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakehouse_assets.engine.spark import lakehouse_session
-from lakehouse_assets.ingest import conversion
+from lakehouse_assets.ingest import landing_reader
 from lakehouse_assets.ingest.landing_reader import read_landing_lines
 from lakehouse_assets.ingest.staged_format import EVENT_COLUMN, LINE_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.lakehouse import Lakehouse
@@ -76,7 +76,7 @@ def _read_as_written(spark, home, files, newline_at_end):
 def test_every_non_blank_line_keeps_its_file_and_line_number(small_splits, files, newline_at_end):
     spark, home = small_splits
     # The counting pass, whatever the files' sizes (small files would be read whole).
-    with patch.object(conversion, "_whole_file_reader", lambda spark, sizes: None):
+    with patch.object(landing_reader, "_whole_file_reader", lambda spark, sizes: None):
         frame = _read_as_written(spark, home, files, newline_at_end)
 
     assert frame.rdd.getNumPartitions() > 1 or sum(len("\n".join(lines)) for lines in files) < 256

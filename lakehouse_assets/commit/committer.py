@@ -158,21 +158,46 @@ def seconds_until_commit_due(table: Table | None, streams: list[StreamSpec], now
     return max(0.0, min(stream.commit_interval for stream in streams) - since_commit)
 
 
+@dataclass(frozen=True)
+class CommitTarget:
+    """Where one committer pass writes, decided once before it writes and never changed: ``branch``
+    receives its commits; ``publishes_to`` is the branch readers see. The three targets: main
+    directly (``direct``), the audit branch of a table published with ``publish: audit``
+    (``audited``), and, on a catalog that fences across hosts, the pass's own branch
+    (``pass_branches``), fast-forwarded onto the other target when the pass succeeds."""
+
+    branch: str
+    publishes_to: str
+
+    @classmethod
+    def direct(cls) -> CommitTarget:
+        return cls(MAIN_BRANCH, MAIN_BRANCH)
+
+    @classmethod
+    def audited(cls) -> CommitTarget:
+        return cls(AUDIT_BRANCH, AUDIT_BRANCH)
+
+    def on_pass_branch(self, name: str) -> CommitTarget:
+        """This target's commits written on pass branch ``name`` first."""
+        return CommitTarget(name, self.publishes_to)
+
+    @property
+    def is_pass_branch(self) -> bool:
+        return self.branch != self.publishes_to
+
+
 @dataclass
 class CommitterPass:
-    """One committer pass over one table: its engine, epoch and the table state it expects."""
+    """One committer pass over one table: its engine, epoch, target, and the head of the target's
+    branch it expects (its fence), which only its own commits move."""
 
     spark: SparkSession
     lake: Lakehouse
     table_identifier: str
     run_id: str
     epoch: int
+    target: CommitTarget
     expected_snapshot_id: int | None
-    branch: str = MAIN_BRANCH
-    """The branch commits go to: main, the audit branch of a table published with ``publish:
-    audit``, or this pass's own branch on a catalog that fences across hosts (``pass_branches``)."""
-    target: str = MAIN_BRANCH
-    """The branch this pass publishes to: main, or the audit branch."""
 
     @classmethod
     def begin(
@@ -181,22 +206,39 @@ class CommitterPass:
         lake: Lakehouse,
         table_identifier: str,
         run_id: str,
-        branch: str = MAIN_BRANCH,
+        target: CommitTarget,
     ) -> CommitterPass:
         """A pass over the table as it is now: an epoch above every epoch in its branch's ancestry,
         and the branch's head as the base it expects."""
         table = lake.table(table_identifier)
-        head = branch_head(table, branch)
         return cls(
             spark=spark,
             lake=lake,
             table_identifier=table_identifier,
             run_id=run_id,
-            epoch=next_epoch(table, branch),
-            expected_snapshot_id=head.snapshot_id if head else None,
-            branch=branch,
-            target=branch,
+            epoch=next_epoch(table, target.branch),
+            target=target,
+            expected_snapshot_id=branch_head_id(table, target.branch),
         )
+
+    def on_pass_branch(self, name: str) -> CommitterPass:
+        """The same pass writing on its pass branch ``name`` (just opened at the expected head; on
+        a table with no snapshot yet, at a new empty one)."""
+        return replace(
+            self,
+            target=self.target.on_pass_branch(name),
+            expected_snapshot_id=branch_head_id(self.table(), name),
+        )
+
+    @property
+    def branch(self) -> str:
+        """The branch this pass's commits go to."""
+        return self.target.branch
+
+    def expect(self, snapshot_id: int | None) -> None:
+        """Move the fence to ``snapshot_id``: the branch's head after this pass's own commit, or
+        after a conflict the head it read again."""
+        self.expected_snapshot_id = snapshot_id
 
     @property
     def stamp(self) -> summary_keys.CommitStamp:
@@ -260,7 +302,7 @@ def _has_ready_batches(committer: CommitterPass, streams: list[StreamSpec]) -> b
     which its stream's commit reports)."""
     table = committer.table()
     for stream in streams:
-        committed = committed_state(table, stream.name, committer.target).sequence
+        committed = committed_state(table, stream.name, committer.target.publishes_to).sequence
         try:
             if plan_commit(committer.lake.ledger(stream.name), stream.name, committed).ready:
                 return True
@@ -299,7 +341,7 @@ def _write_until_landed(
             )
         if not is_commit_conflict(error) or attempt == COMMIT_ATTEMPTS:
             raise error
-        committer.expected_snapshot_id = branch_head_id(confirmed, committer.branch)
+        committer.expect(branch_head_id(confirmed, committer.branch))
     raise AssertionError("unreachable")
 
 
@@ -342,7 +384,7 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
     """Publish ``batches`` in one commit (an append, or one MERGE for a change stream)."""
     identifier = stream.table_identifier
     started = time.monotonic()
-    if committer.target == MAIN_BRANCH:
+    if committer.target.publishes_to == MAIN_BRANCH:
         dead_letters = commit_dead_letters(committer.spark, committer.lake, stream, batches, committer.stamp)
         crash_point(faults.COMMITTER_AFTER_DEAD_LETTERS)
     else:
@@ -435,7 +477,7 @@ def _publish(
         raise CommitOutcomeUnknownError(
             f"table {identifier}: no snapshot after the commit of batch {batches[-1].sequence}"
         )
-    committer.expected_snapshot_id = snapshot.snapshot_id
+    committer.expect(snapshot.snapshot_id)
     committed_at = time.time()
     ledger = committer.lake.ledger(stream.name)
     for record in batches:
@@ -536,7 +578,7 @@ def _prepare_audit_branch(committer: CommitterPass) -> AuditState | None:
     if sync_audit_branch(committer.spark, table, committer.table_identifier):
         # This pass moved the branch itself, holding the lock: its new head is the expected base.
         table = committer.table()
-        committer.expected_snapshot_id = branch_head_id(table, committer.branch)
+        committer.expect(branch_head_id(table, committer.branch))
     return audit_state(table)
 
 
@@ -549,8 +591,8 @@ def commit_table(
     """Commit every stream's ready batches to one table (to its audit branch under ``publish:
     audit``, and only while that branch holds nothing unpublished), unless fenced by another committer."""
     streams = lake.config.tables[table_identifier]
-    branch = AUDIT_BRANCH if lake.config.audits(table_identifier) else MAIN_BRANCH
-    committer = CommitterPass.begin(spark, lake, table_identifier, run_id, branch)
+    target = CommitTarget.audited() if lake.config.audits(table_identifier) else CommitTarget.direct()
+    committer = CommitterPass.begin(spark, lake, table_identifier, run_id, target)
     crash_point(faults.COMMITTER_BEFORE_LOCK)
     plans: list[CommitPlan] = []
     results: list[CommitResult] = []
@@ -562,6 +604,7 @@ def commit_table(
             _remove_published_attempts(lake.ledger(stream.name), published)
         for name in abandoned_pass_branches(main):
             drop_pass_branch(spark, table_identifier, name)
+        writing = committer
         try:
             committer.check_fence()
             audit = _prepare_audit_branch(committer)
@@ -575,24 +618,19 @@ def commit_table(
                     lake.config,
                     table_identifier,
                     committer.expected_snapshot_id,
-                    committer.target,
+                    target.publishes_to,
                     committer.stamp,
                 )
                 if fenced_by_catalog
-                else nullcontext(committer.target)
+                else nullcontext(target.branch)
             )
             with through as branch:
-                if branch != committer.target:
-                    # A pass branch of a table with no snapshot yet starts at a new empty one.
-                    committer.branch = branch
-                    committer.expected_snapshot_id = branch_head_id(committer.table(), branch)
+                writing = committer.on_pass_branch(branch) if branch != target.branch else committer
                 for stream in streams:
-                    _commit_stream(committer, stream, plans, results, publish_waits)
+                    _commit_stream(writing, stream, plans, results, publish_waits)
         except FencedError as fenced:
             # On a pass branch nothing was published; on the target itself, what landed before the fence was.
-            return CommitOutcome(plans, [] if committer.branch != committer.target else results, fenced=str(fenced))
-        finally:
-            committer.branch = committer.target
+            return CommitOutcome(plans, [] if writing.target.is_pass_branch else results, fenced=str(fenced))
         if uses_pass_branches(lake.config):
             location = lake.require_table(table_identifier).metadata_location
             results = [replace(result, metadata_location=location) for result in results]
