@@ -59,6 +59,11 @@ from lakehouse_assets.commit.recovery import (
     next_epoch,
     table_history,
 )
+from lakehouse_assets.commit.table_columns import (
+    add_missing_columns,
+    columns_added_since_last_snapshot,
+    proposed_fields,
+)
 from lakehouse_assets.commit.table_writes import (
     ChangeCounts,
     append_rows,
@@ -71,11 +76,6 @@ from lakehouse_assets.engine.jvm import is_commit_conflict
 from lakehouse_assets.errors import CommitOutcomeUnknownError, ConfigError, FencedError, SequenceGapError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import BatchRecord, CommittedBatch, StreamLedger
-from lakehouse_assets.ingest.schema_evolution import (
-    add_missing_columns,
-    columns_added_since_last_snapshot,
-    proposed_fields,
-)
 from lakehouse_assets.ingest.staged_rows import accepted_rows
 from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.lakehouse import Lakehouse

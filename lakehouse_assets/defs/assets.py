@@ -12,13 +12,13 @@ from lakehouse_assets.catalog.table_metadata import CATALOG_NAME
 from lakehouse_assets.commit.branches import AuditState
 from lakehouse_assets.commit.committer import CommitOutcome, CommitResult, commit_table, seconds_until_commit_due
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
-from lakehouse_assets.commit.fan_in import commit_new_routes
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH, table_history
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import failed_checks
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import SequenceGapError
+from lakehouse_assets.fan_in import commit_new_routes
 from lakehouse_assets.ingest.routing import route_batches
 from lakehouse_assets.ingest.staging import minted_record, stage_batch
 from lakehouse_assets.quality.completeness import complete_days, table_watermark

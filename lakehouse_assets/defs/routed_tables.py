@@ -14,7 +14,6 @@ from functools import partial
 import dagster as dg
 
 from lakehouse_assets.commit.committer import CommitOutcome, commit_table, seconds_until_commit_due
-from lakehouse_assets.commit.fan_in import commit_concurrently, stage_routed_tables, tables_with_pending_routes
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import commit_due_in, report_commit_pass, run_ranges, sequence_gap_evaluation
@@ -23,6 +22,7 @@ from lakehouse_assets.defs.checks import CheckTarget, TableCheck, checked_target
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import committer_backoff, run_in_progress
 from lakehouse_assets.errors import SequenceGapError, describe_error
+from lakehouse_assets.fan_in import commit_concurrently, stage_routed_tables, tables_with_pending_routes
 from lakehouse_assets.quality import checks
 
 

@@ -1,0 +1,88 @@
+"""New columns reaching the table: added under the table's lock before the batches that brought
+them commit, and recorded in the summary of the commit that first carries them. What a batch's
+events propose is found while staging (``ingest.schema_evolution``)."""
+
+from __future__ import annotations
+
+from pyiceberg.schema import index_by_name
+from pyiceberg.table import Table
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from lakehouse_assets import faults
+from lakehouse_assets.catalog.iceberg_types import Struct, iceberg_type_name, parse_type, spark_ddl, type_name
+from lakehouse_assets.catalog.table_metadata import qualified_name
+from lakehouse_assets.commit.recovery import MAIN_BRANCH, branch_head
+from lakehouse_assets.faults import crash_point
+
+
+def _has_field(struct: T.DataType, path: list[str]) -> bool | None:
+    """Whether the struct has the field at ``path`` (case-insensitively); None when its parent is missing."""
+    for depth, part in enumerate(path):
+        if not isinstance(struct, T.StructType):
+            return None
+        match = next((field for field in struct.fields if field.name.lower() == part.lower()), None)
+        if match is None:
+            return False if depth == len(path) - 1 else None
+        struct = match.dataType
+    return True
+
+
+def proposed_fields(columns: dict[str, str]) -> dict[str, str]:
+    """``columns`` plus, for each new struct, each of its fields by dotted path: batches staged before
+    a struct column exists may propose it with different fields, and each field must be added."""
+    fields = dict(columns)
+    for name, kind in columns.items():
+        parsed = parse_type(kind)
+        if isinstance(parsed, Struct):
+            fields.update(proposed_fields({f"{name}.{field}": type_name(member) for field, member in parsed.fields}))
+    return fields
+
+
+def add_missing_columns(spark: SparkSession, table_identifier: str, columns: dict[str, str]) -> dict[str, str]:
+    """Add the columns and struct fields the table still lacks (call holding the table's lock),
+    shallowest first; returns those this call added. Columns that a committer on another host (whose
+    lock is its own) added in the meantime count as present."""
+    added: dict[str, str] = {}
+    for depth in sorted({name.count(".") for name in columns}):
+        schema = spark.table(qualified_name(table_identifier)).schema
+        missing = {
+            name: kind
+            for name, kind in columns.items()
+            if name.count(".") == depth and _has_field(schema, name.split(".")) is False
+        }
+        if missing:
+            definitions = ", ".join(
+                f"{'.'.join(f'`{part}`' for part in name.split('.'))} {spark_ddl(parse_type(kind))}"
+                for name, kind in missing.items()
+            )
+            crash_point(faults.SCHEMA_BEFORE_ADD_COLUMNS)
+            try:
+                spark.sql(f"ALTER TABLE {qualified_name(table_identifier)} ADD COLUMNS ({definitions})")
+            except Exception:  # noqa: BLE001 - Spark refuses a column that exists; decided below
+                # Another host added them first: the table has them (the first committed type wins,
+                # as for any batch). Anything else is raised.
+                spark.catalog.refreshTable(qualified_name(table_identifier))
+                schema = spark.table(qualified_name(table_identifier)).schema
+                if any(_has_field(schema, name.split(".")) is False for name in missing):
+                    raise
+                continue
+            added.update(missing)
+    return added
+
+
+def columns_added_since_last_snapshot(table: Table, branch: str = MAIN_BRANCH) -> dict[str, str]:
+    """Columns and struct fields of the table's current schema that the schema of the branch's
+    head (or, before the first snapshot, the schema it was created with) does not have;
+    a new struct is named once, not with each of its fields."""
+    snapshot = branch_head(table, branch)
+    schema_id = snapshot.schema_id if snapshot is not None else table.metadata.schemas[0].schema_id
+    before = next((s for s in table.metadata.schemas if s.schema_id == schema_id), None)
+    known = set(index_by_name(before).values()) if before else set()
+    schema = table.schema()
+    added = {name: field_id for name, field_id in index_by_name(schema).items() if field_id not in known}
+    return {
+        name: iceberg_type_name(schema.find_type(field_id))
+        for name, field_id in sorted(added.items())
+        if name.rpartition(".")[0] not in added
+    }
