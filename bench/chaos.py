@@ -65,6 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-gap", type=float, default=10, help="fewest seconds between kills")
     parser.add_argument("--max-gap", type=float, default=20, help="most seconds between kills")
     parser.add_argument("--orchestrator-kills", type=int, default=1, help="kills of the whole dagster dev")
+    parser.add_argument(
+        "--orchestrator-last",
+        action="store_true",
+        help="kill the whole dagster dev at the last moments instead of at random ones",
+    )
     parser.add_argument("--sigterm-share", type=float, default=0.25, help="share of SIGTERM among the other kills")
     parser.add_argument("--drain-timeout", type=float, default=300, help="seconds to wait after the last chunk")
     parser.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for dagster dev")
@@ -272,7 +277,11 @@ def chaos(args: argparse.Namespace, orchestrator: Orchestrator, deadline: float)
         if moment >= deadline:
             break
         moments.append(moment)
-    orchestrator_at = set(rng.sample(range(len(moments)), min(args.orchestrator_kills, len(moments))))
+    count = min(args.orchestrator_kills, len(moments))
+    if args.orchestrator_last:
+        orchestrator_at = set(range(len(moments) - count, len(moments)))
+    else:
+        orchestrator_at = set(rng.sample(range(len(moments)), count))
     for index, moment in enumerate(moments):
         time.sleep(max(0.0, moment - time.monotonic()))
         if index in orchestrator_at:
