@@ -1,4 +1,4 @@
-"""The ``lakehouse`` command: init, ingest, run, maintain, check, dlq replay, source reload, audit, status, sql, demo.
+"""The ``lakehouse`` command: init, ingest, serve, run, maintain, check, dlq, source, audit, status, sql, demo.
 
 This module parses the arguments and imports the commands (and Dagster with them) only then, so
 ``lakehouse run --until-idle`` starts its Spark JVM first, on a thread, while Dagster loads.
@@ -35,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--stream", required=True)
     ingest.add_argument("file", nargs="?", default="-", help="NDJSON file, or - for standard input")
     ingest.set_defaults(handler="ingest")
+    serve = commands.add_parser(
+        "serve",
+        help="accept events over HTTP (POST /v1/streams/<stream>/events) for the streams with source.landing.http",
+    )
+    serve.add_argument("--host", help="default: http.host (127.0.0.1)")
+    serve.add_argument("--port", type=int, help="default: http.port (8080)")
+    serve.set_defaults(handler="serve")
     run = commands.add_parser("run", help="run the pipeline")
     run.add_argument("--until-idle", action="store_true", help="run in-process until nothing is pending")
     run.set_defaults(handler="run")
@@ -114,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
             from lakehouse_assets.ops.init import init_project
 
             print("\n".join(init_project(args.directory)))
+            return 0
+        if args.handler == "serve":  # no Dagster, no JVM
+            from lakehouse_assets.http_source.server import serve
+
+            lake = Lakehouse.from_env()
+            serve(lake.config, lake.paths, args.host, args.port)
             return 0
         if args.handler == "sql":  # DuckDB only: no Dagster to import
             from lakehouse_assets.ops.sql import sql_session

@@ -36,6 +36,8 @@ ORDERED_TYPES = ("int", "long", "float", "double", "date", "timestamp", "timesta
 SYSTEM_COLUMN_PREFIX = "_lakehouse_"
 ICEBERG_SOURCE_OPERATION = "${/bulk_action}"
 OPERATION_NAMES = {"index", "insert", "create", "c", "i", "r", "update", "u", "delete", "d"}
+MAX_LANDING_FILE_BYTES = 64 * 1024 * 1024
+"""Landing files are at most this large (``lakehouse ingest`` splits larger input)."""
 
 
 def parse_duration(value: str | int | float) -> float:
@@ -181,12 +183,22 @@ class CompletenessSpec(_Strict):
     """The first day the completeness signal has a partition for."""
 
 
+class LandingHttpSpec(_Strict):
+    """Events POSTed to ``lakehouse serve`` for the stream, landed as its landing files."""
+
+    tokens: list[str] = Field(min_length=1)
+    """Bearer tokens allowed to post to this stream; write them ``${env:NAME}``."""
+
+
 class LandingSourceSpec(_Strict):
     """Append-only NDJSON files in a directory; defaults to ``$LAKEHOUSE_HOME/landing/<stream>``."""
 
     path: str | None = None
     format: Literal["json", "debezium"] = "json"
     """``json``: each line is the row; ``debezium``: each line is a Debezium change envelope."""
+    http: LandingHttpSpec | None = None
+    """Also accept the stream's events over HTTP (``lakehouse serve``); without it the server
+    answers 404 for the stream."""
 
 
 class IcebergSourceSpec(_Strict):
@@ -485,12 +497,32 @@ class SparkHostSpec(_Strict):
     killed (as a crash at that point, which every call survives) and the run fails, to be run again."""
 
 
+class HttpServerSpec(_Strict):
+    """``lakehouse serve``: the HTTP endpoint that lands the events producers POST."""
+
+    host: str = "127.0.0.1"
+    """The address to listen on; ``0.0.0.0`` for every interface (behind TLS: see docs/http.md)."""
+    port: int = Field(default=8080, gt=0, lt=65536)
+    max_request_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    """A body larger than this, as sent (compressed or not), is refused with 413."""
+    max_events_bytes: int = Field(default=MAX_LANDING_FILE_BYTES, gt=0, le=MAX_LANDING_FILE_BYTES)
+    """A body larger than this once decompressed is refused with 413 (a request lands in one file)."""
+    body_timeout: Duration = Field(default=30.0, gt=0)
+    """A client that has not sent its whole body after this long gets 408."""
+    idempotency_window: Duration = Field(default=86400.0, gt=0)
+    """How long an ``Idempotency-Key`` is remembered (across restarts of the server)."""
+    max_pending_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
+    """Backpressure: while a stream's landed bytes not yet taken into a batch pass this, its
+    requests get 503 with ``Retry-After``, so a stopped pipeline cannot fill the disk."""
+
+
 class LakehouseConfig(_Strict):
     """The whole pipeline: catalog properties for catalog ``lake`` and the streams."""
 
     catalog: StringMap = Field(default_factory=lambda: {"type": "hadoop"})
     spark: StringMap = Field(default_factory=dict)
     spark_host: SparkHostSpec = Field(default_factory=SparkHostSpec)
+    http: HttpServerSpec = Field(default_factory=HttpServerSpec)
     streams: list[StreamSpec]
 
     @field_validator("catalog")

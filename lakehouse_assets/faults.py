@@ -45,6 +45,12 @@ PUBLISH_AFTER_FAST_FORWARD = "publish.after_fast_forward"
 DISCARD_AFTER_UNSTAGING = "discard.after_unstaging_before_reset"
 LEDGER_AFTER_DIRECTORY = "ledger.after_directory_before_batch"
 REPLAY_AFTER_SELECTING = "replay.after_selecting_before_landing"
+# `lakehouse serve`: a group of requests' file written and fsynced under its temporary name; its
+# idempotency keys journaled; renamed into place, the requests not answered yet.
+HTTP_BEFORE_JOURNAL = "http.before_journal"
+HTTP_BEFORE_RENAME = "http.before_rename"
+HTTP_BEFORE_ACKNOWLEDGING = "http.before_acknowledging"
+HTTP_CRASH_POINTS = (HTTP_BEFORE_JOURNAL, HTTP_BEFORE_RENAME, HTTP_BEFORE_ACKNOWLEDGING)
 # The points every pipeline passes; maintenance and schema changes have their own tests.
 CRASH_POINTS = (
     WRITER_AFTER_STAGING,

@@ -51,6 +51,15 @@ class LakehousePaths:
         """Search-index bulk files of an Iceberg source stream."""
         return self.storage / "exports" / stream
 
+    def http(self, stream: str) -> Path:
+        """What ``lakehouse serve`` keeps for a stream: its Idempotency-Key journal."""
+        return self.storage / "http" / stream
+
+    @property
+    def http_server_lock(self) -> Path:
+        """Held by the one ``lakehouse serve`` of this storage root."""
+        return self.storage / "http" / "serve.lock"
+
     @property
     def state(self) -> Path:
         """Local state that may be lost: locks, the Spark host's key and log."""

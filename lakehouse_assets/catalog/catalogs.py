@@ -17,15 +17,14 @@ stay out of the config file; errors show URIs :func:`without_credentials`.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
+from lakehouse_assets.env_references import resolve_env_references
 from lakehouse_assets.errors import ConfigError
 
 HADOOP = "hadoop"
-_ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 
 # The SQLAlchemy dialect (and driver PyIceberg's ``sql-postgres`` extra installs) per JDBC subprotocol.
 _SQLALCHEMY_DIALECTS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+pymysql"}
@@ -63,17 +62,7 @@ def resolved(catalog: Mapping[str, str]) -> dict[str, str]:
 
     Raises ConfigError naming the key and the variable when the variable is not set.
     """
-    values = {}
-    for key, value in catalog.items():
-
-        def from_environment(match: re.Match[str], key: str = key) -> str:
-            name = match.group(1)
-            if name not in os.environ:
-                raise ConfigError(f"catalog: {key} refers to environment variable {name}, which is not set")
-            return os.environ[name]
-
-        values[key] = _ENV_REFERENCE.sub(from_environment, value)
-    return values
+    return {key: resolve_env_references(value, f"catalog: {key}") for key, value in catalog.items()}
 
 
 def without_credentials(uri: str) -> str:

@@ -19,6 +19,7 @@ from lakehouse_assets.defs.check_status import failed_checks
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import SequenceGapError
 from lakehouse_assets.fan_in import commit_new_routes
+from lakehouse_assets.ingest.landing import http_events_in
 from lakehouse_assets.ingest.routing import route_batches
 from lakehouse_assets.ingest.staging import minted_record, stage_batch
 from lakehouse_assets.quality.completeness import complete_days, table_watermark
@@ -63,6 +64,7 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
             run_id=context.run.run_id,
         )
         staged = outcome.staged
+        http_files, http_events = http_events_in(outcome.files)
         context.log.info(
             f"batch {staged.sequence}: {staged.rows} rows staged, {staged.rejected} rejected"
             + ("" if outcome.written_now else " (already staged by an earlier attempt)")
@@ -72,7 +74,10 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
                 "sequence": staged.sequence,
                 "rows": staged.rows,
                 "rejected": staged.rejected,
-                "files": outcome.files,
+                "files": len(outcome.files),
+                # What came over HTTP (`lakehouse serve`).
+                "http_files": http_files,
+                "http_events": http_events,
                 "bytes": outcome.bytes,
                 "attempt": staged.attempt,
                 "written_by_this_run": outcome.written_now,

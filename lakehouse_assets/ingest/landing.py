@@ -14,12 +14,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config import MAX_LANDING_FILE_BYTES, StreamSpec
 from lakehouse_assets.errors import IngestError
 from lakehouse_assets.paths import LakehousePaths
 
 LANDING_SUFFIX = ".ndjson"
-MAX_LANDING_FILE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -63,18 +62,45 @@ def list_landing_files(directory: Path) -> list[LandingFile]:
     return sorted(files, key=lambda landed: landed.name)
 
 
-def _new_landing_name() -> str:
-    return f"{time.time_ns():020d}-{uuid.uuid4().hex[:12]}{LANDING_SUFFIX}"
+HTTP_MARK = "http"
+"""Landing files written by ``lakehouse serve`` are named ``<time>-http-<events>-<id>.ndjson``."""
+
+
+def new_landing_name(http_events: int | None = None) -> str:
+    """A fresh landing file name, sorting by landing time; ``http_events``: the events of an
+    HTTP server's file, kept in its name so a batch can tell what came over HTTP."""
+    mark = f"-{HTTP_MARK}-{http_events}" if http_events is not None else ""
+    return f"{time.time_ns():020d}{mark}-{uuid.uuid4().hex[:12]}{LANDING_SUFFIX}"
+
+
+def http_events_in(file_names: Iterable[str]) -> tuple[int, int]:
+    """How many of ``file_names`` came over HTTP, and the events they hold."""
+    files = events = 0
+    for name in file_names:
+        parts = name.split("-")
+        if len(parts) == 4 and parts[1] == HTTP_MARK and parts[2].isdigit():
+            files += 1
+            events += int(parts[2])
+    return files, events
+
+
+def temporary_name(final_name: str) -> str:
+    """The dot-name a landing file is written under before it is renamed to ``final_name``."""
+    return f".{final_name}.tmp"
 
 
 def write_landing_file(
-    directory: Path, lines: list[bytes], before_publish: Callable[[Path], None] | None = None
+    directory: Path,
+    lines: list[bytes],
+    before_publish: Callable[[Path], None] | None = None,
+    name: str | None = None,
 ) -> Path:
-    """Write one landing file under a dot-name and rename it into place; ``before_publish`` runs
-    with the final path before the rename, so whatever it writes exists before the file is seen."""
+    """Write one landing file under a dot-name, fsync it, rename it into place (``name``, default
+    a fresh one) and fsync the directory, so a landed file survives a power cut. ``before_publish``
+    runs with the final path before the rename, so whatever it writes exists before the file is seen."""
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / _new_landing_name()
-    temporary = directory / f".{final.name}.tmp"
+    final = directory / (name or new_landing_name())
+    temporary = directory / temporary_name(final.name)
     with open(temporary, "wb") as handle:
         handle.writelines(lines)
         handle.flush()
@@ -82,20 +108,37 @@ def write_landing_file(
     if before_publish:
         before_publish(final)
     os.rename(temporary, final)
+    fsync_directory(directory)
     return final
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make the directory's entries (a rename into it) durable."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def validated_lines(lines: Iterable[bytes | str], origin: str) -> list[bytes]:
     """The non-empty lines as newline-terminated bytes; IngestError names the first that is not a JSON object."""
     accepted: list[bytes] = []
     for number, line in enumerate(lines, start=1):
-        text = line.decode("utf-8") if isinstance(line, bytes) else line
+        try:
+            text = line.decode("utf-8") if isinstance(line, bytes) else line
+        except UnicodeDecodeError as error:
+            raise IngestError(
+                f"{origin} line {number}: not UTF-8 (byte {error.start + 1}); nothing was landed"
+            ) from None
         if not text.strip():
             continue
         try:
             event = json.loads(text)
         except json.JSONDecodeError as error:
             raise IngestError(f"{origin} line {number}: not valid JSON ({error.msg}); nothing was landed") from None
+        except RecursionError:
+            raise IngestError(f"{origin} line {number}: JSON nested too deeply; nothing was landed") from None
         if not isinstance(event, dict):
             raise IngestError(f"{origin} line {number}: expected a JSON object; nothing was landed")
         accepted.append(text.rstrip("\r\n").encode("utf-8") + b"\n")

@@ -66,7 +66,8 @@ class StagingOutcome:
 
     staged: StagedBatch
     written_now: bool
-    files: int
+    files: tuple[str, ...]
+    """The batch's landing files."""
     bytes: int
 
 
@@ -259,7 +260,7 @@ def stage_batch(
     record = minted_record(ledger, stream, sequence, expected_files)
     minted = record.minted
     if record.staged:
-        return StagingOutcome(record.staged, False, len(minted.files), minted.bytes)
+        return StagingOutcome(record.staged, False, tuple(minted.files), minted.bytes)
 
     files = landing_files(lake.paths, stream, record)
 
@@ -340,7 +341,7 @@ def record_attempt(
     minted = record.minted
     if ledger.record_staged(staged):
         crash_point(faults.WRITER_AFTER_RECORDING)
-        return StagingOutcome(staged, True, len(minted.files), minted.bytes)
+        return StagingOutcome(staged, True, tuple(minted.files), minted.bytes)
     winner = ledger.require(record.sequence).staged_batch
     ledger.remove_attempts(record.sequence, keep=winner.attempt)
-    return StagingOutcome(winner, False, len(minted.files), minted.bytes)
+    return StagingOutcome(winner, False, tuple(minted.files), minted.bytes)

@@ -1,0 +1,279 @@
+"""The HTTP source (``lakehouse serve``) on loopback with real clients: events are acknowledged
+once durable, every bad request gets its 4xx and lands nothing, a retried Idempotency-Key lands
+once (also across a killed server), and the pipeline commits what was posted exactly once."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from lakehouse_assets import faults
+from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.ingest.landing import landing_dir, list_landing_files
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
+from lakehouse_assets_tests.http_server import HttpServer
+
+ORDERS_TOKEN = "orders-token-7f3a9c"
+CLICKS_TOKEN = "clicks-token-51be20"
+CLICKS_STREAM = {
+    "name": "clicks",
+    "source": {"landing": {"http": {"tokens": [CLICKS_TOKEN]}}},
+    "table_identifier": "web.clicks",
+    "auto_create": True,
+    "schema": {"columns": [{"name": "click_id", "type": "long"}]},
+}
+
+
+def http_config(**http: object) -> dict:
+    orders = {**ORDERS_STREAM, "source": {"landing": {"http": {"tokens": ["${env:ORDERS_HTTP_TOKEN}"]}}}}
+    return {"catalog": {"type": "hadoop"}, "http": http, "streams": [orders, CLICKS_STREAM]}
+
+
+@pytest.fixture
+def http_home(lakehouse_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ORDERS_HTTP_TOKEN", ORDERS_TOKEN)
+    write_config(tmp_path, http_config(), monkeypatch)
+    return lakehouse_home
+
+
+@pytest.fixture
+def server(http_home: Path, tmp_path: Path):
+    with HttpServer(tmp_path / "serve.log") as running:
+        yield running
+
+
+def post(server: HttpServer, body: bytes, stream: str = "orders", token: str | None = ORDERS_TOKEN, **headers: str):
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    named = {name.replace("_", "-"): value for name, value in headers.items()}
+    return httpx.post(f"{server.url}/v1/streams/{stream}/events", content=body, headers=named, timeout=30)
+
+
+def landed_lines(stream: str = "orders") -> list[bytes]:
+    """Every line of the stream's landing files, oldest file first (no temporary file counted)."""
+    directory = landing_dir(LakehousePaths.from_env(), load_config().stream(stream))
+    return [
+        line for landed in list_landing_files(directory) for line in (directory / landed.name).read_bytes().splitlines()
+    ]
+
+
+def ndjson(*events: str) -> bytes:
+    return "".join(f"{event}\n" for event in events).encode()
+
+
+def test_posted_events_land_as_sent_in_each_accepted_form(server):
+    plain = post(server, ndjson(order_event(1), order_event(2)), Content_Type="application/x-ndjson")
+    zipped = post(server, gzip.compress(ndjson(order_event(3))), Content_Encoding="gzip")
+    array = post(
+        server,
+        json.dumps([json.loads(order_event(4)), json.loads(order_event(5))]).encode(),
+        Content_Type="application/json",
+    )
+    empty = post(server, b"\n\n")
+
+    assert [plain.status_code, zipped.status_code, array.status_code, empty.status_code] == [200] * 4
+    assert [plain.json()["events"], zipped.json()["events"], array.json()["events"], empty.json()["events"]] == [
+        2,
+        1,
+        2,
+        0,
+    ]
+    assert [json.loads(line)["order_id"] for line in landed_lines()] == [1, 2, 3, 4, 5]
+    assert [
+        landed.name.split("-")[1:3]
+        for landed in list_landing_files(landing_dir(LakehousePaths.from_env(), load_config().stream("orders")))
+    ] == [["http", "2"], ["http", "1"], ["http", "2"]]
+
+
+BAD_REQUESTS = [
+    # (what is wrong, body, headers, status, the message names)
+    ("a line that is not JSON", ndjson(order_event(1), "{oops"), {}, 400, "body line 2: not valid JSON"),
+    ("a line that is not an object", ndjson(order_event(1), "[1, 2]"), {}, 400, "body line 2: expected a JSON object"),
+    ("a line that is not UTF-8", ndjson(order_event(1)) + b"\xff\xfe\n", {}, 400, "body line 2: not UTF-8"),
+    (
+        "JSON nested too deeply",
+        ndjson(order_event(1)) + b"[" * 3_000 + b"\n",
+        {},
+        400,
+        "line 2: JSON nested too deeply",
+    ),
+    (
+        "an array element that is not an object",
+        b'[{"order_id": 1}, 7]',
+        {"Content-Type": "application/json"},
+        400,
+        "body element 1: expected a JSON object",
+    ),
+    ("an array that is not JSON", b'[{"order_id": 1},', {"Content-Type": "application/json"}, 400, "not valid JSON"),
+    ("a gzip body that is not gzip", ndjson(order_event(1)), {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
+    (
+        "a truncated gzip body",
+        gzip.compress(ndjson(order_event(1)))[:-12],
+        {"Content-Encoding": "gzip"},
+        400,
+        "truncated",
+    ),
+    ("an unknown encoding", ndjson(order_event(1)), {"Content-Encoding": "br"}, 415, "Content-Encoding 'br'"),
+    ("a body over max_request_bytes", b" " * 5_000 + ndjson(order_event(1)), {}, 413, "larger than 4096 bytes as sent"),
+    (
+        "a gzip bomb",
+        gzip.compress(b" " * 3_000_000),
+        {"Content-Encoding": "gzip"},
+        413,
+        "larger than 8192 bytes decompressed",
+    ),
+    ("a malformed Idempotency-Key", ndjson(order_event(1)), {"Idempotency-Key": "has space"}, 400, "Idempotency-Key"),
+]
+
+
+@pytest.mark.parametrize("problem", [case[0] for case in BAD_REQUESTS])
+def test_a_bad_request_gets_its_4xx_naming_the_problem_and_lands_nothing(problem, http_home, tmp_path, monkeypatch):
+    _, body, headers, status, message = next(case for case in BAD_REQUESTS if case[0] == problem)
+    write_config(tmp_path, http_config(max_request_bytes=4096, max_events_bytes=8192), monkeypatch)
+    with HttpServer(tmp_path / "serve.log") as running:
+        answer = post(running, body, **{name.replace("-", "_"): value for name, value in headers.items()})
+
+    assert answer.status_code == status and message in answer.json()["error"], answer.text
+    assert landed_lines() == []
+
+
+def test_tokens_are_per_stream_and_never_logged(server, tmp_path):
+    body = ndjson(order_event(1))
+    missing = post(server, body, token=None)
+    wrong = post(server, body, token="not-a-token")
+    other_stream = post(server, body, token=CLICKS_TOKEN)
+    unknown = post(server, body, stream="../../etc", token=ORDERS_TOKEN)
+    unknown_name = post(server, body, stream="payments", token=ORDERS_TOKEN)
+    own = post(server, ndjson('{"click_id": 1}'), stream="clicks", token=CLICKS_TOKEN)
+
+    assert [missing.status_code, wrong.status_code, other_stream.status_code] == [401, 401, 403]
+    assert missing.headers["WWW-Authenticate"] == "Bearer"
+    assert "stream 'orders'" in other_stream.json()["error"]
+    assert unknown.status_code == 404 and unknown_name.status_code == 404
+    assert "no stream named 'payments'" in unknown_name.json()["error"]
+    assert own.status_code == 200 and landed_lines() == [] and len(landed_lines("clicks")) == 1
+    assert not list((tmp_path / "lakehouse").rglob("etc"))
+    assert ORDERS_TOKEN not in (tmp_path / "serve.log").read_text()
+
+
+def test_a_missing_token_variable_is_named_when_the_server_starts(http_home, monkeypatch, capsys):
+    from lakehouse_assets import cli
+
+    monkeypatch.delenv("ORDERS_HTTP_TOKEN")
+
+    assert cli.main(["serve"]) == 2
+    assert (
+        "stream 'orders': source.landing.http.tokens refers to environment variable ORDERS_HTTP_TOKEN, "
+        "which is not set" in capsys.readouterr().err
+    )
+
+
+def test_concurrent_retries_with_one_key_land_once_and_a_restart_remembers_the_key(server, tmp_path):
+    body = ndjson(*(order_event(i) for i in range(1, 51)))
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        answers = list(pool.map(lambda _: post(server, body, Idempotency_Key="batch-0001"), range(32)))
+    server.kill()
+    with HttpServer(tmp_path / "serve-2.log") as restarted:
+        after_restart = post(restarted, body, Idempotency_Key="batch-0001")
+        other_body = post(restarted, ndjson(order_event(99)), Idempotency_Key="batch-0001")
+
+    assert {answer.status_code for answer in answers} == {200}
+    assert len({answer.json()["landing_file"] for answer in answers}) == 1
+    assert sum(answer.headers.get("Idempotent-Replayed") != "true" for answer in answers) == 1
+    assert after_restart.status_code == 200 and after_restart.headers["Idempotent-Replayed"] == "true"
+    assert after_restart.json() == answers[0].json()
+    assert other_body.status_code == 422 and "another body" in other_body.json()["error"]
+    assert sorted(json.loads(line)["order_id"] for line in landed_lines()) == list(range(1, 51))
+
+
+def test_concurrent_requests_share_landing_files(server):
+    bodies = [ndjson(*(order_event(100 * request + i) for i in range(10))) for request in range(64)]
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        answers = list(pool.map(lambda body: post(server, body), bodies))
+
+    assert {answer.status_code for answer in answers} == {200}
+    files = {answer.json()["landing_file"] for answer in answers}
+    assert len(files) < len(bodies)
+    assert sorted(landed_lines()) == sorted(line for body in bodies for line in body.splitlines())
+
+
+@pytest.mark.parametrize("point", faults.HTTP_CRASH_POINTS)
+def test_a_server_killed_while_landing_lands_all_or_nothing_and_the_retry_lands_once(point, http_home, tmp_path):
+    body = ndjson(*(order_event(i) for i in range(1, 21)))
+    with HttpServer(tmp_path / "serve.log", {faults.CRASH_ENV: point}) as doomed:
+        with pytest.raises(httpx.TransportError):
+            post(doomed, body, Idempotency_Key="k-1")
+        doomed.process.wait(timeout=30)
+    half_landed = landed_lines()
+    with HttpServer(tmp_path / "serve-2.log") as restarted:
+        retried = post(restarted, body, Idempotency_Key="k-1")
+
+    assert half_landed in ([], body.splitlines())
+    assert retried.status_code == 200 and retried.json()["events"] == 20
+    assert (retried.headers.get("Idempotent-Replayed") == "true") == (point == faults.HTTP_BEFORE_ACKNOWLEDGING)
+    assert sorted(landed_lines()) == sorted(body.splitlines())
+    directory = landing_dir(LakehousePaths.from_env(), load_config().stream("orders"))
+    assert [entry.name for entry in directory.iterdir() if entry.name.startswith(".")] == []
+
+
+def test_backpressure_refuses_with_retry_after_until_the_backlog_is_committed(http_home, tmp_path, monkeypatch):
+    write_config(tmp_path, http_config(max_pending_bytes=2000), monkeypatch)
+    with HttpServer(tmp_path / "serve.log") as running:
+        first = post(running, ndjson(*(order_event(i) for i in range(30))))
+        # The backlog is measured every second.
+        refused = None
+        for _ in range(50):
+            refused = post(running, ndjson(order_event(100)))
+            if refused.status_code == 503:
+                break
+            threading.Event().wait(0.1)
+
+    assert first.status_code == 200
+    assert refused is not None and refused.status_code == 503, refused.text
+    assert refused.headers["Retry-After"].isdigit() and "max_pending_bytes 2000" in refused.json()["error"]
+
+
+def test_health_metrics_and_openapi(server):
+    post(server, ndjson(order_event(1), order_event(2)))
+    post(server, b"{oops\n")
+
+    health = httpx.get(f"{server.url}/healthz").json()
+    metrics = httpx.get(f"{server.url}/metrics").text
+    openapi = httpx.get(f"{server.url}/openapi.json").json()
+
+    assert health == {"status": "ok", "streams": ["clicks", "orders"]}
+    assert 'lakehouse_http_events_accepted_total{stream="orders"} 2.0' in metrics
+    assert 'lakehouse_http_requests_total{code="400",reason="invalid_event",stream="orders"} 1.0' in metrics
+    assert 'lakehouse_http_ack_latency_seconds_count{stream="orders"} 1.0' in metrics
+    assert "lakehouse_http_pending_landing_bytes" in metrics
+    assert openapi["paths"]["/v1/streams/{stream}/events"]["post"]["parameters"][0]["schema"]["enum"] == [
+        "clicks",
+        "orders",
+    ]
+
+
+def test_sigterm_answers_the_request_in_flight_then_exits_cleanly(server):
+    body = ndjson(*(order_event(i) for i in range(1, 11)))
+    head = (
+        f"POST /v1/streams/orders/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ORDERS_TOKEN}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as client:
+        client.sendall(head + body[:40])
+        threading.Event().wait(0.3)  # the request is in flight: its body half sent
+        server.process.terminate()
+        threading.Event().wait(0.3)
+        client.sendall(body[40:])
+        answer = client.recv(65536).decode()
+
+    assert answer.startswith("HTTP/1.1 200"), answer
+    assert server.process.wait(timeout=60) == 0
+    assert sorted(landed_lines()) == sorted(body.splitlines())
