@@ -36,6 +36,29 @@ class HttpServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> HttpServer:
+        """Start the process and wait until it answers ``/healthz``."""
+        self.launch()
+        if not self.wait_until_answering():
+            assert self.process is not None
+            raise AssertionError(f"lakehouse serve exited with {self.process.returncode}:\n{self.log.read_text()}")
+        return self
+
+    def wait_until_answering(self) -> bool:
+        """True once the process answers ``/healthz``; False when it exits first."""
+        assert self.process is not None
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return True
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise AssertionError(f"lakehouse serve did not answer within {STARTUP_SECONDS} s:\n{self.log.read_text()}")
+
+    def launch(self) -> HttpServer:
+        """Start the process without waiting for it to answer."""
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "lakehouse_assets.cli", "serve", "--port", str(self.port)],
@@ -43,16 +66,7 @@ class HttpServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"lakehouse serve exited with {self.process.returncode}:\n{self.log.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise AssertionError(f"lakehouse serve did not answer within {STARTUP_SECONDS} s:\n{self.log.read_text()}")
+        return self
 
     def kill(self) -> None:
         """SIGKILL, as a power cut or an OOM kill would end it."""

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -215,7 +216,13 @@ def build_app(source: HttpSource) -> Starlette:
     async def openapi(request: Request) -> Response:
         return JSONResponse(openapi_document(sorted(source.streams), source.limits))
 
+    async def http_error(request: Request, error: Exception) -> Response:
+        # Starlette's own refusals (no such route, a method not allowed) in the same JSON form.
+        assert isinstance(error, HTTPException)
+        return JSONResponse({"error": f"{error.detail}; see /openapi.json"}, error.status_code, error.headers)
+
     return Starlette(
+        exception_handlers={HTTPException: http_error},
         routes=[
             Route("/v1/streams/{stream}/events", source.post_events, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
