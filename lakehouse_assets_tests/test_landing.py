@@ -1,6 +1,11 @@
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lakehouse_assets.errors import IngestError
+from lakehouse_assets.ingest import landing
 from lakehouse_assets.ingest.batch_ledger import CommittedBatch
 from lakehouse_assets.ingest.landing import land_events, landing_dir, list_landing_files
 from lakehouse_assets.ingest.micro_batching import mint_next_batch, work_may_be_waiting
@@ -47,3 +52,32 @@ def test_work_may_be_waiting_while_a_file_is_unbatched_or_a_batch_uncommitted(la
 
     lake.ledger(stream.name).record_committed(batch.sequence, CommittedBatch(1, batch.sequence, 0.0))
     assert not work_may_be_waiting(lake)
+
+
+# Lines of every kind the two readers could disagree on: objects (with NaN, huge numbers, lone
+# surrogates), other JSON values, blank and odd whitespace, arbitrary text and bytes.
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(10**30), max_value=10**30) | st.floats() | st.text(max_size=6),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3),
+    max_leaves=8,
+)
+_LINES = st.one_of(
+    st.dictionaries(st.text(max_size=4), _JSON, max_size=3).map(lambda event: json.dumps(event).encode()),
+    _JSON.map(lambda value: json.dumps(value).encode()),
+    st.sampled_from([b"", b" ", b"\t\r", b"\x0b", b"\x1c", b"\xc2\xa0", b'{"a": 1}\r', b'\xef\xbb\xbf{"a": 1}']),
+    st.text(max_size=12).map(lambda text: text.encode("utf-8", "surrogatepass")),
+    st.binary(max_size=12),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_LINES, max_size=5))
+def test_the_quick_reading_of_lines_lands_exactly_what_the_line_by_line_rule_lands(lines):
+    def outcome(read):
+        try:
+            return read(lines)
+        except IngestError as error:
+            return str(error)
+
+    exact = outcome(lambda given: landing._validated_line_by_line(given, "input"))
+    assert outcome(lambda given: landing.validated_lines(given, "input")) == exact

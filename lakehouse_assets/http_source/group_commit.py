@@ -9,6 +9,7 @@ directory fsynced.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ class GroupCommit:
     async def land(self, lines: list[bytes], body_digest: str, key: str | None) -> Acknowledgement:
         """Land ``lines`` (one request's events) and return once they are durable; ``key``: the
         digest of its Idempotency-Key, journaled with the file."""
-        size = sum(len(line) for line in lines)
+        size = sum(map(len, lines))
         answer: asyncio.Future[Acknowledgement] = asyncio.get_running_loop().create_future()
         self._queue.append(_Queued(lines, size, body_digest, key, answer))
         self.queued_bytes += size
@@ -79,7 +80,7 @@ class GroupCommit:
                 self.journal.append(keyed)
             faults.crash_point(faults.HTTP_BEFORE_RENAME)
 
-        lines = [line for queued in group for line in queued.lines]
+        lines = itertools.chain.from_iterable(queued.lines for queued in group)
         try:
             write_landing_file(self.directory, lines, before_publish=journal_keys, name=name)
         except OSError:

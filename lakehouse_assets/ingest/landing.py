@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from lakehouse_assets.config import MAX_LANDING_FILE_BYTES, StreamSpec
 from lakehouse_assets.errors import IngestError
 from lakehouse_assets.paths import LakehousePaths
@@ -91,7 +93,7 @@ def temporary_name(final_name: str) -> str:
 
 def write_landing_file(
     directory: Path,
-    lines: list[bytes],
+    lines: Iterable[bytes],
     before_publish: Callable[[Path], None] | None = None,
     name: str | None = None,
 ) -> Path:
@@ -123,6 +125,25 @@ def fsync_directory(directory: Path) -> None:
 
 def validated_lines(lines: Iterable[bytes | str], origin: str) -> list[bytes]:
     """The non-empty lines as newline-terminated bytes; IngestError names the first that is not a JSON object."""
+    lines = list(lines)
+    try:
+        return _objects_quickly(lines)
+    except (orjson.JSONDecodeError, TypeError):
+        return _validated_line_by_line(lines, origin)
+
+
+def _objects_quickly(lines: list[bytes | str]) -> list[bytes]:
+    """The same result as :func:`_validated_line_by_line` for byte lines orjson reads as objects,
+    several times faster (what lets ``lakehouse serve`` keep up). orjson refuses a subset of what
+    ``json`` accepts (NaN, lone surrogates, numbers beyond a double): any refusal, a line that is not
+    an object, or text lines (TypeError) go the exact way, which also names the bad line."""
+    filled = [line for line in lines if line.strip()]
+    if set(map(type, map(orjson.loads, filled))) - {dict}:  # loops in C
+        raise TypeError("a line is not an object")
+    return [line.rstrip(b"\r\n") + b"\n" for line in filled]  # type: ignore[operator, arg-type, misc]
+
+
+def _validated_line_by_line(lines: list[bytes | str], origin: str) -> list[bytes]:
     accepted: list[bytes] = []
     for number, line in enumerate(lines, start=1):
         try:
