@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 export LAKEHOUSE_HOME ?= $(CURDIR)/.lakehouse
 export DAGSTER_HOME ?= $(LAKEHOUSE_HOME)/dagster
-# The Dagster UI's port: `make ui PORT=3001`.
+# The Dagster UI's port: `make ui PORT=3001`; the HTTP source's beside it: `make ui HTTP_PORT=8081`.
 PORT ?= 3000
+HTTP_PORT ?= 8080
 
 .PHONY: run test unit ui lint bench clean
 
@@ -28,8 +29,11 @@ unit: $(BIN)/lakehouse
 
 ui: $(BIN)/lakehouse
 	$(BIN)/python -m lakehouse_assets.instance_settings
-	# SIGINT back to its default first: started in the background (`make ui &`, a script), it is
-	# ignored, and dagster dev, which takes SIGTERM as SIGINT, would then ignore both.
+	# The HTTP source runs beside the UI and stops with it (without streams that accept HTTP it
+	# says so and exits). SIGINT back to its default for dagster dev: started in the background
+	# (`make ui &`, a script), it is ignored, and dagster dev, which takes SIGTERM as SIGINT, would
+	# then ignore both.
+	$(BIN)/lakehouse serve --port $(HTTP_PORT) & server=$$!; trap 'kill $$server 2>/dev/null' EXIT INT TERM; \
 	env --default-signal=INT $(BIN)/dagster dev -w workspace.yaml -p $(PORT)
 
 bench: $(BIN)/lakehouse

@@ -135,16 +135,20 @@ def _wrk(url: str, script_text: str, workdir: Path, seconds: float, connections:
 
 
 def _pipeline_loop(env: dict[str, str], stop: threading.Event, log: Path) -> None:
-    """``lakehouse run --until-idle`` again and again until ``stop``: the pipeline consuming what lands."""
+    """``lakehouse run --until-idle`` again and again until ``stop``: the pipeline consuming what
+    lands (the run in progress is stopped with the benchmark: what it commits is not measured)."""
     with open(log, "ab") as output:
         while not stop.is_set():
-            subprocess.run(
+            run = subprocess.Popen(
                 [sys.executable, "-m", "lakehouse_assets.cli", "run", "--until-idle"],
                 env=env,
                 stdout=output,
                 stderr=subprocess.STDOUT,
-                check=False,
             )
+            while run.poll() is None:
+                if stop.wait(0.5):
+                    run.kill()
+                    run.wait()
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import logging
 import re
 import time
 from collections.abc import AsyncIterator
@@ -30,6 +31,7 @@ from lakehouse_assets.http_source.request_body import decoded, event_lines, read
 from lakehouse_assets.ingest.landing import landing_dir
 from lakehouse_assets.paths import LakehousePaths
 
+LOG = logging.getLogger("lakehouse.http")
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 BACKLOG_POLL_SECONDS = 1.0
 RETRY_AFTER_SECONDS = "5"
@@ -80,7 +82,12 @@ class HttpSource:
         """Measure each stream's uncommitted landing bytes (for backpressure) and expire old keys."""
         while True:
             for name, served in self.streams.items():
-                served.uncommitted_bytes = await asyncio.to_thread(uncommitted_landing_bytes, self.paths, served.spec)
+                try:
+                    served.uncommitted_bytes = await asyncio.to_thread(
+                        uncommitted_landing_bytes, self.paths, served.spec
+                    )
+                except OSError as error:  # keeps the last figure; the next poll tries again
+                    LOG.warning("stream %r: could not measure its backlog: %s", name, error)
                 self.metrics.pending.labels(name).set(served.uncommitted_bytes + served.landing.queued_bytes)
                 served.journal.expire(time.time())
             await asyncio.sleep(BACKLOG_POLL_SECONDS)
