@@ -125,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.handler == "serve":  # no Dagster, no JVM
             from lakehouse_assets.http_source.server import serve
 
-            lake = Lakehouse.from_env()
-            serve(lake.config, lake.paths, args.host, args.port)
+            serve(Lakehouse.from_env(), args.host, args.port)
             return 0
         if args.handler == "sql":  # DuckDB only: no Dagster to import
             from lakehouse_assets.ops.sql import sql_session

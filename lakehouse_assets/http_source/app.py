@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from lakehouse_assets.config import HttpServerSpec, LakehouseConfig, StreamSpec
+from lakehouse_assets.config import HttpServerSpec, StreamSpec
 from lakehouse_assets.env_references import resolve_env_references
 from lakehouse_assets.http_source.backlog import uncommitted_landing_bytes
 from lakehouse_assets.http_source.group_commit import GroupCommit
@@ -29,7 +29,7 @@ from lakehouse_assets.http_source.openapi import openapi_document
 from lakehouse_assets.http_source.refusals import Refused
 from lakehouse_assets.http_source.request_body import decoded, event_lines, read_body
 from lakehouse_assets.ingest.landing import landing_dir
-from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.lakehouse import Lakehouse
 
 LOG = logging.getLogger("lakehouse.http")
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
@@ -53,7 +53,8 @@ class ServedStream:
 class HttpSource:
     """The state the handlers share: the served streams, the limits and the metrics."""
 
-    def __init__(self, config: LakehouseConfig, paths: LakehousePaths) -> None:
+    def __init__(self, lake: Lakehouse) -> None:
+        config, paths = lake.config, lake.paths
         self.limits: HttpServerSpec = config.http
         self.paths = paths
         self.metrics = HttpMetrics()

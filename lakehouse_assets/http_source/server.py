@@ -11,18 +11,18 @@ from pathlib import Path
 
 import uvicorn
 
-from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.http_source.app import HttpSource, build_app
-from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.lakehouse import Lakehouse
 
 GRACEFUL_SHUTDOWN_SECONDS = 30
 MAX_CONNECTIONS = 2000
 
 
-def serve(config: LakehouseConfig, paths: LakehousePaths, host: str | None, port: int | None) -> None:
+def serve(lake: Lakehouse, host: str | None, port: int | None) -> None:
     """Serve the streams that have ``source.landing.http`` until SIGTERM or SIGINT."""
-    source = HttpSource(config, paths)
+    config, paths = lake.config, lake.paths
+    source = HttpSource(lake)
     if not source.streams:
         raise ConfigError("no stream accepts events over HTTP; give one source: {landing: {http: {tokens: [...]}}}")
     with _only_server(paths.http_server_lock):
