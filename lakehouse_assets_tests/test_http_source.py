@@ -8,6 +8,7 @@ import gzip
 import json
 import random
 import socket
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -280,6 +281,66 @@ def test_health_metrics_and_openapi(server):
     ]
 
 
+def _response(client: socket.socket) -> str:
+    """One whole HTTP response read from ``client``: its head, then Content-Length bytes of body."""
+    client.settimeout(30)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += client.recv(65536)
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    while len(body) < length:
+        body += client.recv(65536)
+    return (head + b"\r\n\r\n" + body).decode()
+
+
+def test_a_client_too_slow_to_send_its_body_gets_408_and_lands_nothing(http_home, tmp_path, monkeypatch):
+    write_config(tmp_path, http_config(body_timeout="1s"), monkeypatch)
+    body = ndjson(order_event(1))
+    head = (
+        f"POST /v1/streams/orders/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ORDERS_TOKEN}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with HttpServer(tmp_path / "serve.log") as running, socket.create_connection(("127.0.0.1", running.port)) as client:
+        client.sendall(head + body[:5])
+        answer = _response(client)
+
+    assert answer.startswith("HTTP/1.1 408") and "not received within 1 s" in answer, answer
+    assert landed_lines() == []
+
+
+def test_curl_as_the_readme_shows_it(server, tmp_path):
+    events = tmp_path / "events.ndjson"
+    events.write_bytes(ndjson(order_event(1), order_event(2)))
+    zipped = tmp_path / "events.ndjson.gz"
+    zipped.write_bytes(gzip.compress(ndjson(order_event(3))))
+    curl = [
+        "curl",
+        "-sS",
+        "-X",
+        "POST",
+        f"{server.url}/v1/streams/orders/events",
+        "-H",
+        f"Authorization: Bearer {ORDERS_TOKEN}",
+    ]
+
+    plain = subprocess.run(
+        [*curl, "-H", "Idempotency-Key: b-1", "--data-binary", f"@{events}"], capture_output=True, check=True
+    )
+    again = subprocess.run(
+        [*curl, "-H", "Idempotency-Key: b-1", "--data-binary", f"@{events}"], capture_output=True, check=True
+    )
+    compressed = subprocess.run(
+        [*curl, "-H", "Content-Encoding: gzip", "--data-binary", f"@{zipped}"], capture_output=True, check=True
+    )
+
+    assert json.loads(plain.stdout)["events"] == 2 and json.loads(again.stdout) == json.loads(plain.stdout)
+    assert json.loads(compressed.stdout)["events"] == 1
+    assert [json.loads(line)["order_id"] for line in landed_lines()] == [1, 2, 3]
+
+
 def test_sigterm_answers_the_request_in_flight_then_exits_cleanly(server):
     body = ndjson(*(order_event(i) for i in range(1, 11)))
     head = (
@@ -292,7 +353,7 @@ def test_sigterm_answers_the_request_in_flight_then_exits_cleanly(server):
         server.process.terminate()
         threading.Event().wait(0.3)
         client.sendall(body[40:])
-        answer = client.recv(65536).decode()
+        answer = _response(client)
 
     assert answer.startswith("HTTP/1.1 200"), answer
     assert server.process.wait(timeout=60) == 0
