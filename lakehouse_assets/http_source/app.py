@@ -46,7 +46,7 @@ class ServedStream:
     tokens: tuple[bytes, ...]
     landing: GroupCommit
     journal: IdempotencyJournal
-    in_flight: dict[str, asyncio.Future[Acknowledgement]] = field(default_factory=dict)
+    in_flight: dict[str, asyncio.Future[Acknowledgement | None]] = field(default_factory=dict)
     uncommitted_bytes: int = 0
 
 
@@ -87,7 +87,7 @@ class HttpSource:
                     served.uncommitted_bytes = await asyncio.to_thread(
                         uncommitted_landing_bytes, self.paths, served.spec
                     )
-                except OSError as error:  # keeps the last figure; the next poll tries again
+                except Exception as error:  # noqa: BLE001 - keeps the last figure; the next poll tries again
                     LOG.warning("stream %r: could not measure its backlog: %s", name, error)
                 self.metrics.pending.labels(name).set(served.uncommitted_bytes + served.landing.queued_bytes)
                 served.journal.expire(time.time())
@@ -121,9 +121,11 @@ class HttpSource:
             key = _idempotency_key(request.headers.get("idempotency-key"))
             body = await read_body(request, self.limits)
             body_bytes = len(body)
-            events = decoded(body, request.headers.get("content-encoding"), self.limits.max_events_bytes)
-            # Kept to refuse a key reused for another body; only requests with a key need it.
-            digest = hashlib.sha256(events).hexdigest() if key is not None else ""
+            # Decompressing, hashing and parsing a large body take a while: on a thread, so the event
+            # loop goes on answering other requests and acknowledging finished group commits.
+            events, digest = await asyncio.to_thread(
+                _decoded_and_digest, body, request.headers.get("content-encoding"), self.limits.max_events_bytes, key
+            )
             acknowledgement, replayed = await self._landed_once(served, key, digest, events, request)
         except Refused as refusal:
             self.metrics.requests.labels(label, str(refusal.status), refusal.reason).inc()
@@ -145,22 +147,45 @@ class HttpSource:
     ) -> tuple[Acknowledgement, bool]:
         """The request's acknowledgement and whether it is a replay: a key landed before, or being
         landed by a concurrent request, answers with that request's acknowledgement."""
-        if key is not None:
+        if key is None:
+            return await self._landed(served, None, digest, events, request), False
+        earlier = await self._earlier(served, key)
+        if earlier is not None:
+            if earlier.body_digest != digest:
+                raise Refused(
+                    422, "idempotency_conflict", "this Idempotency-Key was used for a request with another body"
+                )
+            return earlier, True
+        # Claimed before the first await, so a concurrent request with the key waits for this one.
+        claim: asyncio.Future[Acknowledgement | None] = asyncio.get_running_loop().create_future()
+        served.in_flight[key] = claim
+        acknowledgement = None
+        try:
+            acknowledgement = await self._landed(served, key, digest, events, request)
+            return acknowledgement, False
+        finally:
+            claim.set_result(acknowledgement)
+            del served.in_flight[key]
+
+    async def _earlier(self, served: ServedStream, key: str) -> Acknowledgement | None:
+        """The acknowledgement of ``key``'s landed request, waiting for one in flight; None when
+        there is none (or the one in flight was refused: this request is then tried on its own)."""
+        while True:
             earlier = served.journal.get(key)
-            if earlier is None and key in served.in_flight:
-                try:
-                    earlier = await asyncio.shield(served.in_flight[key])
-                except OSError as error:
-                    raise _not_landed(error) from None
+            in_flight = served.in_flight.get(key)
+            if earlier is not None or in_flight is None:
+                return earlier
+            earlier = await asyncio.shield(in_flight)
             if earlier is not None:
-                if earlier.body_digest != digest:
-                    raise Refused(
-                        422, "idempotency_conflict", "this Idempotency-Key was used for a request with another body"
-                    )
-                return earlier, True
-        lines = event_lines(events, request.headers.get("content-type"))
+                return earlier
+
+    async def _landed(
+        self, served: ServedStream, key: str | None, digest: str, events: bytes, request: Request
+    ) -> Acknowledgement:
+        """Parse the events, refuse them under backpressure, or land them and acknowledge."""
+        lines = await asyncio.to_thread(event_lines, events, request.headers.get("content-type"))
         if not lines:
-            return Acknowledgement(0, "", time.time(), digest), False
+            return Acknowledgement(0, "", time.time(), digest)
         if served.uncommitted_bytes + served.landing.queued_bytes > self.limits.max_pending_bytes:
             raise Refused(
                 503,
@@ -169,16 +194,17 @@ class HttpSource:
                 f"(max_pending_bytes {self.limits.max_pending_bytes}); retry later",
                 {"Retry-After": RETRY_AFTER_SECONDS},
             )
-        landing = asyncio.ensure_future(served.landing.land(lines, digest, key))
-        if key is not None:
-            served.in_flight[key] = landing
         try:
-            return await asyncio.shield(landing), False
+            return await served.landing.land(lines, digest, key)
         except OSError as error:
             raise _not_landed(error) from None
-        finally:
-            if key is not None:
-                served.in_flight.pop(key, None)
+
+
+def _decoded_and_digest(body: bytes, encoding: str | None, limit: int, key: str | None) -> tuple[bytes, str]:
+    """The decompressed events and, for a request with a key, their digest (kept to refuse the key
+    reused for another body)."""
+    events = decoded(body, encoding, limit)
+    return events, hashlib.sha256(events).hexdigest() if key is not None else ""
 
 
 def _not_landed(error: OSError) -> Refused:

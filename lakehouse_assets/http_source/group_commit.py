@@ -17,7 +17,7 @@ from pathlib import Path
 from lakehouse_assets import faults
 from lakehouse_assets.config import MAX_LANDING_FILE_BYTES
 from lakehouse_assets.http_source.idempotency import Acknowledgement, IdempotencyJournal
-from lakehouse_assets.ingest.landing import fsync_directory, new_landing_name, write_landing_file
+from lakehouse_assets.ingest.landing import fsync_directory, new_landing_name, temporary_name, write_landing_file
 
 
 @dataclass
@@ -75,9 +75,14 @@ class GroupCommit:
         def journal_keys(final: Path) -> None:
             faults.crash_point(faults.HTTP_BEFORE_JOURNAL)
             if keyed:
-                # The temporary file's own entry must be durable before a record relies on it.
-                fsync_directory(self.directory)
-                self.journal.append(keyed)
+                try:
+                    # The temporary file's own entry must be durable before a record relies on it.
+                    fsync_directory(self.directory)
+                    self.journal.append(keyed)
+                except OSError:
+                    # No record names the file (a failed append is cut back): it can go now.
+                    (self.directory / temporary_name(final.name)).unlink(missing_ok=True)
+                    raise
             faults.crash_point(faults.HTTP_BEFORE_RENAME)
 
         lines = itertools.chain.from_iterable(queued.lines for queued in group)
@@ -86,8 +91,9 @@ class GroupCommit:
         except OSError:
             if not (self.directory / name).exists():
                 raise
-            # Renamed, and only the directory's fsync failed: the events are landed; answering an
-            # error would make the client land them again.
+            # Renamed, and only the directory's fsync failed: the events are in place (durable
+            # unless the machine loses power before the kernel writes the directory); answering an
+            # error would make a client without a key land them again.
         self.journal.remember(keyed)
         faults.crash_point(faults.HTTP_BEFORE_ACKNOWLEDGING)
         return acknowledgements

@@ -11,6 +11,7 @@ writes a stream's journal (``server.py`` holds a lock), so nothing else renames 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -18,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lakehouse_assets.ingest.landing import HTTP_MARK, fsync_directory, temporary_name
+
+LOG = logging.getLogger("lakehouse.http")
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,12 @@ class IdempotencyJournal:
                     key, acknowledgement = record
                     if acknowledgement.at + self.window > now and self._landed(acknowledgement.landing_file):
                         kept[key] = acknowledgement
+        self._acknowledged = kept
+        # The journal without the dropped records first: were they still in it when their files
+        # are removed, a later start would take them for landed.
+        self._rewrite()
         for leftover in self.landing_directory.glob(f".*-{HTTP_MARK}-*.tmp"):
             leftover.unlink(missing_ok=True)
-        self._acknowledged = kept
-        self._rewrite()
 
     def _landed(self, landing_file: str) -> bool:
         return not (self.landing_directory / temporary_name(landing_file)).exists()
@@ -96,7 +101,10 @@ class IdempotencyJournal:
             expired = self._records_in_file > max(10_000, 2 * len(self._acknowledged))
         if expired:
             self.expire(time.time())
-            self._rewrite()
+            try:
+                self._rewrite()
+            except OSError as error:  # housekeeping: the records are landed and kept in the journal
+                LOG.warning("could not compact %s: %s", self.path, error)
 
     def expire(self, now: float) -> None:
         """Forget the keys older than the window."""

@@ -9,7 +9,7 @@ import zlib
 
 from starlette.requests import ClientDisconnect, Request
 
-from lakehouse_assets.config import HttpServerSpec
+from lakehouse_assets.config import MAX_LANDING_FILE_BYTES, HttpServerSpec
 from lakehouse_assets.errors import IngestError
 from lakehouse_assets.http_source.refusals import Refused
 from lakehouse_assets.ingest.landing import validated_lines
@@ -98,6 +98,8 @@ def _array_lines(body: bytes) -> list[bytes]:
         raise IngestError(
             f"body: not valid JSON ({error.msg} at line {error.lineno} column {error.colno}); nothing was landed"
         ) from None
+    except ValueError as error:  # an integer of more digits than Python converts
+        raise IngestError(f"body: not valid JSON ({error}); nothing was landed") from None
     except RecursionError:
         raise IngestError("body: JSON nested too deeply; nothing was landed") from None
     events = document if isinstance(document, list) else [document]
@@ -105,10 +107,24 @@ def _array_lines(body: bytes) -> list[bytes]:
         if not isinstance(event, dict):
             raise IngestError(f"body element {index}: expected a JSON object; nothing was landed")
     try:
-        # ASCII escapes: a string holding a lone surrogate, which json accepts, still encodes.
-        return [json.dumps(event, separators=(",", ":")).encode("ascii") + b"\n" for event in events]
+        lines = [_event_line(event) for event in events]
     except RecursionError:
         raise IngestError("body: JSON nested too deeply; nothing was landed") from None
+    except ValueError as error:  # an integer of more digits than Python converts
+        raise IngestError(f"body: {error}; nothing was landed") from None
+    if sum(map(len, lines)) > MAX_LANDING_FILE_BYTES:
+        raise Refused(413, "too_large", f"the events are larger than {MAX_LANDING_FILE_BYTES} bytes as NDJSON")
+    return lines
+
+
+def _event_line(event: dict) -> bytes:
+    """One event as an NDJSON line in UTF-8, or with ASCII escapes when a string holds a lone
+    surrogate (which json accepts and UTF-8 cannot encode)."""
+    text = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode("utf-8") + b"\n"
+    except UnicodeEncodeError:
+        return json.dumps(event, separators=(",", ":")).encode("ascii") + b"\n"
 
 
 def _too_large(limit: int, measure: str) -> Refused:

@@ -103,10 +103,14 @@ def write_landing_file(
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / (name or new_landing_name())
     temporary = directory / temporary_name(final.name)
-    with open(temporary, "wb") as handle:
-        handle.writelines(lines)
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with open(temporary, "wb") as handle:
+            handle.writelines(lines)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError:
+        temporary.unlink(missing_ok=True)  # a full disk is not filled further by retries
+        raise
     if before_publish:
         before_publish(final)
     os.rename(temporary, final)
@@ -158,6 +162,8 @@ def _validated_line_by_line(lines: list[bytes | str], origin: str) -> list[bytes
             event = json.loads(text)
         except json.JSONDecodeError as error:
             raise IngestError(f"{origin} line {number}: not valid JSON ({error.msg}); nothing was landed") from None
+        except ValueError as error:  # an integer of more digits than Python converts
+            raise IngestError(f"{origin} line {number}: not valid JSON ({error}); nothing was landed") from None
         except RecursionError:
             raise IngestError(f"{origin} line {number}: JSON nested too deeply; nothing was landed") from None
         if not isinstance(event, dict):
