@@ -61,13 +61,16 @@ def decoded(body: bytes, content_encoding: str | None, max_events_bytes: int) ->
         while remaining:  # a gzip body may hold several members, one after another
             member = zlib.decompressobj(wbits=31)
             data = remaining
-            while data and not member.eof:
+            while not member.eof:
+                # With its input used up, a member may still hold output: asked again with b"".
                 part = member.decompress(data, _INFLATE_STEP)
                 size += len(part)
                 if size > max_events_bytes:
                     raise _too_large(max_events_bytes, "decompressed")
                 inflated.append(part)
                 data = member.unconsumed_tail
+                if not part and not data:  # no input left and no output: the stream is cut short
+                    break
             if not member.eof:
                 raise Refused(400, "gzip", "the gzip body is truncated")
             remaining = member.unused_data
