@@ -512,8 +512,8 @@ class HttpServerSpec(_Strict):
     idempotency_window: Duration = Field(default=86400.0, gt=0)
     """How long an ``Idempotency-Key`` is remembered (across restarts of the server)."""
     max_pending_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
-    """Backpressure: while a stream's landed bytes not yet taken into a batch pass this, its
-    requests get 503 with ``Retry-After``, so a stopped pipeline cannot fill the disk."""
+    """Backpressure: while a stream's landed bytes not committed yet pass this, its requests get
+    503 with ``Retry-After``, so a stopped pipeline cannot fill the disk."""
 
 
 class LakehouseConfig(_Strict):
