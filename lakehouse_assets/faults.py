@@ -45,6 +45,18 @@ PUBLISH_AFTER_FAST_FORWARD = "publish.after_fast_forward"
 DISCARD_AFTER_UNSTAGING = "discard.after_unstaging_before_reset"
 LEDGER_AFTER_DIRECTORY = "ledger.after_directory_before_batch"
 REPLAY_AFTER_SELECTING = "replay.after_selecting_before_landing"
+# A change batch's row delta (``commit/row_deltas.py``): its delete files written, not committed;
+# committed, the key index not updated; and the key index's own updates.
+ROW_DELTA_AFTER_DELETE_FILES = "row_delta.after_delete_files_before_commit"
+ROW_DELTA_AFTER_COMMIT = "row_delta.after_commit_before_index"
+KEY_INDEX_DURING_REBUILD = "key_index.during_rebuild"
+KEY_INDEX_BEFORE_MANIFEST = "key_index.before_manifest"
+ROW_DELTA_CRASH_POINTS = (
+    ROW_DELTA_AFTER_DELETE_FILES,
+    ROW_DELTA_AFTER_COMMIT,
+    KEY_INDEX_DURING_REBUILD,
+    KEY_INDEX_BEFORE_MANIFEST,
+)
 # `lakehouse serve`: a group of requests' file written and fsynced under its temporary name; its
 # idempotency keys journaled; renamed into place, the requests not answered yet.
 HTTP_BEFORE_JOURNAL = "http.before_journal"

@@ -47,6 +47,10 @@ class LakehousePaths:
         """Events routed by dynamic ``table_identifier`` streams: ``routes/<stream>/<table>/``."""
         return self.storage / "routes"
 
+    def key_index(self, table_identifier: str) -> Path:
+        """The key index of a change table (``commit/key_index.py``): derived from the table."""
+        return self.storage / "key_index" / table_identifier
+
     def exports(self, stream: str) -> Path:
         """Search-index bulk files of an Iceberg source stream."""
         return self.storage / "exports" / stream

@@ -10,6 +10,7 @@ from py4j.java_gateway import JavaObject, JVMView
 from pyspark.sql import SparkSession
 
 from lakehouse_assets.catalog.iceberg_types import iceberg_schema_json, spark_ddl
+from lakehouse_assets.catalog.staged_snapshots import WAP_ENABLED_PROPERTY
 from lakehouse_assets.catalog.table_metadata import CATALOG_NAME, qualified_name
 from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.config import SOURCE_POSITION_COLUMN, SOURCE_POSITION_TYPE, ColumnSpec, StreamSpec
@@ -21,10 +22,6 @@ from lakehouse_assets.lakehouse import Lakehouse
 # that a competing committer already published. Our committer retries itself after re-reading the
 # ancestry, so Iceberg's own retry is turned off on every table we create.
 MANAGED_TABLE_PROPERTIES = {"commit.retry.num-retries": "0"}
-# Allows a write to stage a snapshot that no branch references (Iceberg's write-audit-publish),
-# which a plain append batch does (ingest/staging.py); a write without ``spark.wap.id`` commits as
-# usual.
-WAP_ENABLED_PROPERTY = "write.wap.enabled"
 # Row-level changes write position deletes (format v2) or deletion vectors (v3) instead of
 # rewriting data files.
 MERGE_ON_READ_PROPERTIES = {
@@ -61,13 +58,12 @@ def create_table(spark: SparkSession, stream: StreamSpec, columns: list[ColumnSp
     )
     properties = jvm.java.util.HashMap()
     change_properties = MERGE_ON_READ_PROPERTIES if stream.applies_changes else {}
-    # An append stream's table allows staged snapshots from the start (the writer would set it
-    # anyway): its first batch is then spared a metadata commit of its own to allow them.
-    staged_snapshots = {} if stream.applies_changes else {WAP_ENABLED_PROPERTY: "true"}
+    # Every table allows staged snapshots from the start (an append batch's writer and a change
+    # batch's committer write into them): a first batch is spared a metadata commit to allow them.
     for key, value in {
         **change_properties,
         **stream.table_properties,
-        **staged_snapshots,
+        WAP_ENABLED_PROPERTY: "true",
         **MANAGED_TABLE_PROPERTIES,
     }.items():
         properties.put(key, value)

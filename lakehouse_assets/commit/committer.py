@@ -59,6 +59,7 @@ from lakehouse_assets.commit.recovery import (
     next_epoch,
     table_history,
 )
+from lakehouse_assets.commit.row_deltas import ChangeBatchDelta, uses_row_deltas
 from lakehouse_assets.commit.table_columns import (
     add_missing_columns,
     columns_added_since_last_snapshot,
@@ -406,19 +407,18 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
     # with different types for one (the first committed type wins), cannot be read as one.
     aligned = [accepted_rows(spark.read.parquet(str(record.events_path())), table_schema) for record in batches]
     staged = reduce(DataFrame.unionByName, aligned)
+    if keys and uses_row_deltas(committer.lake.require_table(identifier)):
+        with ChangeBatchDelta(spark, committer.lake, identifier, staged, keys, columns, stream.order_column) as delta:
+            counts = delta.plan(committer.lake.require_table(identifier), committer.expected_snapshot_id)
+            properties = _change_summary(committer, stream, batches, counts)
+            late_events = _record_completeness(committer, stream, staged, properties)
+            write = partial(delta.commit, committer.branch, properties)
+            return _publish(
+                committer, stream, batches, write, "row_delta", properties, counts, dead_letters, started, late_events
+            )
     if keys:
         counts = count_changes(spark, identifier, staged, keys, committer.branch, stream.order_column)
-        rows = counts.inserted + counts.updated
-        net_rows = counts.inserted - counts.deleted
-        properties = summary_keys.commit_summary(stream.name, batches, rows, net_rows, committer.stamp)
-        properties.update(
-            {
-                summary_keys.INSERTED: str(counts.inserted),
-                summary_keys.UPDATED: str(counts.updated),
-                summary_keys.DELETED: str(counts.deleted),
-                summary_keys.STALE_CHANGES: str(counts.stale),
-            }
-        )
+        properties = _change_summary(committer, stream, batches, counts)
         view = f"lakehouse_changes_{stream.name}_{batches[0].sequence}"
         write = partial(
             merge_changes,
@@ -438,6 +438,24 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
     late_events = _record_completeness(committer, stream, staged, properties)
     kind = "merge" if keys else "append"
     return _publish(committer, stream, batches, write, kind, properties, counts, dead_letters, started, late_events)
+
+
+def _change_summary(
+    committer: CommitterPass, stream: StreamSpec, batches: list[BatchRecord], counts: ChangeCounts
+) -> dict[str, str]:
+    """The summary keys of a change batch's commit that has the effect ``counts``."""
+    properties = summary_keys.commit_summary(
+        stream.name, batches, counts.inserted + counts.updated, counts.inserted - counts.deleted, committer.stamp
+    )
+    properties.update(
+        {
+            summary_keys.INSERTED: str(counts.inserted),
+            summary_keys.UPDATED: str(counts.updated),
+            summary_keys.DELETED: str(counts.deleted),
+            summary_keys.STALE_CHANGES: str(counts.stale),
+        }
+    )
+    return properties
 
 
 def _append_summary(

@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakehouse_assets import faults
+from lakehouse_assets.catalog.staged_snapshots import allow_staged_snapshots, staged_snapshot_id, write_staged
 from lakehouse_assets.catalog.table_metadata import is_hadoop_catalog, qualified_name
 from lakehouse_assets.catalog.tables import ensure_table, identifier_columns
 from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
@@ -53,11 +54,6 @@ from lakehouse_assets.source.iceberg_source import source_columns
 # they compare correctly as strings.
 ISO_8601_UTC = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
 INPUT_LINKS_DIR = "inputs"
-# Iceberg's write-audit-publish: the table property that allows staged snapshots, the session
-# setting that makes a write one, and the summary key naming it.
-WAP_ENABLED_PROPERTY = "write.wap.enabled"
-WAP_ID_SETTING = "spark.wap.id"
-WAP_ID_SUMMARY_KEY = "wap.id"
 
 
 @dataclass(frozen=True)
@@ -150,15 +146,6 @@ def writes_once(lake: Lakehouse, stream: StreamSpec, identifier_columns: list[st
     )
 
 
-def staged_snapshot_id(lake: Lakehouse, identifier: str, wap_id: str) -> int:
-    """The id of the table's staged snapshot written with ``spark.wap.id = wap_id``."""
-    table = lake.table(identifier)
-    for snapshot in table.snapshots() if table else []:
-        if snapshot.summary and snapshot.summary.additional_properties.get(WAP_ID_SUMMARY_KEY) == wap_id:
-            return snapshot.snapshot_id
-    raise LakehouseError(f"table {identifier}: the staged snapshot {wap_id} is missing after its write")
-
-
 def _write_once(
     spark: SparkSession,
     lake: Lakehouse,
@@ -183,26 +170,18 @@ def _write_once(
     wap_id = f"{stream.name}:{sequence}:{attempt}"
     observation = Observation(f"batch-{sequence}")
     accepted = converted.observe(observation, *batch_figures(stream, table_schema)).where(F.col(REASON_COLUMN).isNull())
-    session = converted.sparkSession  # the batch's own: a copy for whole-file reading, or the caller's
     # The staged snapshot is a metadata commit: on the Hadoop catalog only the table lock keeps it
     # from racing another commit to the same metadata version.
     with exclusive_lock(table_lock_file(lake.paths.locks, identifier)):
-        if lake.require_table(identifier).properties.get(WAP_ENABLED_PROPERTY) != "true":
-            spark.sql(f"ALTER TABLE {qualified_name(identifier)} SET TBLPROPERTIES ('{WAP_ENABLED_PROPERTY}' = 'true')")
-        session.conf.set(WAP_ID_SETTING, wap_id)
-        try:
-            accepted.select(*[F.col(f"`{name}`") for name in table_schema.fieldNames()]).writeTo(
-                qualified_name(identifier)
-            ).option("distribution-mode", "none").option("fanout-enabled", "true").append()
-        finally:
-            session.conf.unset(WAP_ID_SETTING)
+        allow_staged_snapshots(spark, lake.require_table(identifier), identifier)
+        write_staged(accepted.select(*[F.col(f"`{name}`") for name in table_schema.fieldNames()]), identifier, wap_id)
     figures = observation.get
     events = attempt_dir / EVENTS_DIR
     if figures["rejected"]:
         rejected().write.parquet(str(events))
     else:
         events.mkdir(parents=True)
-    return figures, staged_snapshot_id(lake, identifier, wap_id)
+    return figures, staged_snapshot_id(lake.table(identifier), identifier, wap_id)
 
 
 @dataclass(frozen=True)
