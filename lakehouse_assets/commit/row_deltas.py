@@ -102,7 +102,8 @@ class ChangeBatchDelta:
         self.keys = keys
         self.order_column = order_column
         self.index = KeyIndex.of(lake, identifier, keys, order_column)
-        self.workspace = self.index.directory.parent / f".work-{uuid.uuid4().hex}"
+        # Inside the index's directory, whose updates remove what a killed process left there.
+        self.workspace = self.index.directory / f"work-{uuid.uuid4().hex}"
         ordered = [order_column] if order_column else []
         changes.select(*keys, OPERATION_COLUMN, *ordered).write.parquet(str(self.workspace / "changes"))
         self.connection = duckdb.connect()
