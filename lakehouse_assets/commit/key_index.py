@@ -152,9 +152,8 @@ class KeyIndex:
         expected = _live_rows_of(table, state.snapshot_id)
         return expected is None or expected == state.live_rows
 
-    def current(self, spark: SparkSession, table: Table, snapshot_id: int | None) -> IndexState:
-        """The index of ``table`` at ``snapshot_id``: as kept, or rebuilt from the table when it is
-        missing, describes another table or snapshot, or is damaged."""
+    def kept(self, table: Table, snapshot_id: int | None) -> IndexState | None:
+        """The index as kept when it describes ``table`` at ``snapshot_id`` and is intact, else None."""
         state = self._read_manifest()
         if (
             state is not None
@@ -162,7 +161,12 @@ class KeyIndex:
             and self._intact(state, table)
         ):
             return state
-        return self.rebuild(spark, table, snapshot_id)
+        return None
+
+    def current(self, spark: SparkSession, table: Table, snapshot_id: int | None) -> IndexState:
+        """The index of ``table`` at ``snapshot_id``: as kept, or rebuilt from the table when it is
+        missing, describes another table or snapshot, or is damaged."""
+        return self.kept(table, snapshot_id) or self.rebuild(spark, table, snapshot_id)
 
     def live_rows_sql(self, state: IndexState) -> str:
         """SQL for the live rows: the entries whose position was not removed since."""

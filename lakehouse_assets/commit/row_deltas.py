@@ -18,6 +18,7 @@ what the batch inserts, updates and deletes come from the same lookup, not from 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
 from collections import defaultdict
@@ -33,6 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from lakehouse_assets import faults
 from lakehouse_assets.catalog.staged_snapshots import allow_staged_snapshots, staged_snapshot_id, write_staged
 from lakehouse_assets.catalog.table_metadata import qualified_name
+from lakehouse_assets.catalog.tables import identifier_columns
 from lakehouse_assets.commit.key_index import (
     FILE,
     ORDER,
@@ -45,6 +47,7 @@ from lakehouse_assets.commit.key_index import (
 )
 from lakehouse_assets.commit.recovery import MAIN_BRANCH, branch_head_id
 from lakehouse_assets.commit.table_writes import ChangeCounts
+from lakehouse_assets.config import SOURCE_POSITION_COLUMN, SOURCE_POSITION_TYPE, StreamSpec
 from lakehouse_assets.engine.jvm import jvm as spark_jvm
 from lakehouse_assets.errors import FencedError, LakehouseError
 from lakehouse_assets.faults import crash_point
@@ -70,6 +73,21 @@ def uses_row_deltas(table: Table) -> bool:
         and table.properties.get("write.merge.mode") == "merge-on-read"
         and local_path(table.location()) is not None
     )
+
+
+def refresh_key_index(spark: SparkSession, lake: Lakehouse, stream: StreamSpec, branch: str) -> bool:
+    """Rebuild the key index of a change stream's table when it does not describe the head of
+    ``branch`` (after compaction renumbered the rows), so that the next batch does not pay for
+    it; whether it was rebuilt. The caller holds the table's lock."""
+    table = lake.table(stream.table_identifier)
+    if table is None or not stream.applies_changes or not uses_row_deltas(table):
+        return False
+    index = KeyIndex.of(lake, stream.table_identifier, identifier_columns(lake, stream), stream.order_column)
+    head = branch_head_id(table, branch)
+    if index.kept(table, head) is not None:
+        return False
+    index.rebuild(spark, table, head)
+    return True
 
 
 def local_path(location: str) -> str | None:
@@ -156,8 +174,10 @@ class ChangeBatchDelta:
         and whether the change applies (is not older than the row by the order column)."""
         on = " AND ".join(f"c.{sql_name(k)} = e.{sql_name(k)}" for k in self.keys)
         if self.order_column:
-            change_order = f"c.{sql_name(self.order_column)}"
-            applies = f"(e.{ORDER} IS NULL OR {change_order} IS NULL OR {change_order} >= e.{ORDER})"
+            change_order, row_order = f"c.{sql_name(self.order_column)}", f"e.{ORDER}"
+            change_key, row_key = (ordered_as_spark(side, self.order_column) for side in (change_order, row_order))
+            newer = f"{change_key} >= {row_key}"
+            applies = f"({row_order} IS NULL OR {change_order} IS NULL OR {newer})"
         else:
             applies = "true"
         key_list = ", ".join(f"c.{sql_name(k)}" for k in self.keys)
@@ -329,23 +349,36 @@ class ChangeBatchDelta:
         )
 
 
+def ordered_as_spark(value: str, order_column: str) -> str:
+    """SQL comparing as Spark compares ``value`` of the order column. A source position is a struct
+    whose fields a NULL may hold (Postgres has no file, MySQL no LSN): Spark orders a NULL field
+    first, DuckDB last, so each field is compared after whether it is set."""
+    if order_column != SOURCE_POSITION_COLUMN:
+        return value
+    fields = re.findall(r"(\w+):", SOURCE_POSITION_TYPE)
+    pairs = ", ".join(
+        f"set_{n} := {value}.{sql_name(name)} IS NOT NULL, value_{n} := {value}.{sql_name(name)}"
+        for n, name in enumerate(fields)
+    )
+    return f"struct_pack({pairs})"
+
+
 def _data_files(jvm: JavaObject, jtable: JavaObject, snapshot_id: int, wanted: set[str]) -> dict[str, JavaObject]:
-    """The live data files of snapshot ``snapshot_id`` whose location is in ``wanted``, read from
-    its data manifests."""
+    """The live data files of snapshot ``snapshot_id`` whose location is in ``wanted``: Iceberg's
+    ``FindFiles`` matches them in its manifests, so only the matches cross into Python."""
+    locations = jvm.java.util.ArrayList()
+    for location in wanted:
+        locations.add(location)
+    iceberg = jvm.org.apache.iceberg
+    matching = getattr(iceberg.expressions.Expressions, "in")("file_path", locations)
+    files = getattr(iceberg, "FindFiles$Builder")(jtable).inSnapshot(snapshot_id).withMetadataMatching(matching)
     found: dict[str, JavaObject] = {}
-    io, specs = jtable.io(), jtable.specs()
-    manifests = jtable.snapshot(snapshot_id).dataManifests(io)
-    for index in range(manifests.size()):
-        reader = jvm.org.apache.iceberg.ManifestFiles.read(manifests.get(index), io, specs)
-        try:
-            entries = reader.iterator()
-            while entries.hasNext() and len(found) < len(wanted):
-                data_file = entries.next()
-                location = data_file.location()
-                if location in wanted:
-                    found[location] = data_file.copyWithoutStats()
-        finally:
-            reader.close()
-        if len(found) == len(wanted):
-            break
+    collected = files.collect()
+    try:
+        entries = collected.iterator()
+        while entries.hasNext():
+            data_file = entries.next()
+            found[data_file.location()] = data_file.copyWithoutStats()
+    finally:
+        collected.close()
     return found

@@ -28,7 +28,8 @@ from lakehouse_assets.commit.branches import audit_state, sync_audit_branch
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
 from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.commit.pass_branches import uses_pass_branches
-from lakehouse_assets.commit.recovery import CHECKPOINT_PROPERTY, table_history
+from lakehouse_assets.commit.recovery import AUDIT_BRANCH, CHECKPOINT_PROPERTY, MAIN_BRANCH, table_history
+from lakehouse_assets.commit.row_deltas import refresh_key_index
 from lakehouse_assets.config import CompactionSpec, ExpirySpec, MaintenanceSpec, StreamSpec
 from lakehouse_assets.engine.jvm import jvm as spark_jvm
 from lakehouse_assets.errors import TableMovedError
@@ -274,6 +275,12 @@ def maintain_table(spark: SparkSession, lake: Lakehouse, table_identifier: str) 
         table = lake.table(table_identifier)
         if audited and table is not None:
             sync_audit_branch(spark, table, table_identifier)
+        branch = AUDIT_BRANCH if audited else MAIN_BRANCH
+        for stream in lake.config.tables[table_identifier]:
+            started = time.monotonic()
+            if refresh_key_index(spark, lake, stream, branch):
+                action = f"key_index_rebuilt:{stream.name}"
+                steps.append(MaintenanceStep(table_identifier, action, time.monotonic() - started))
         for stream in lake.config.tables[table_identifier]:
             started = time.monotonic()
             removed = remove_committed_landing_files(lake.paths, stream, table, time.time())
