@@ -113,7 +113,7 @@ def _live_rows_of(table: Table, snapshot_id: int | None) -> int | None:
 
 
 class KeyIndex:
-    """The key index of one table on this host: its directory and columns, read and kept with DuckDB."""
+    """The key index of one table: its directory and columns, read and kept with DuckDB."""
 
     def __init__(self, directory: Path, identifier: str, key_columns: Sequence[str], order_column: str | None) -> None:
         self.directory = directory
