@@ -449,7 +449,7 @@ class StreamSpec(_Strict):
 
     @property
     def applies_changes(self) -> bool:
-        """True when events carry INSERT/UPDATE/DELETE operations and commit as MERGE."""
+        """True when events carry INSERT/UPDATE/DELETE operations applied per key (``commit/row_deltas.py``)."""
         return self.operation is not None or self.is_debezium
 
     @property

@@ -27,6 +27,10 @@ class CommitOutcomeUnknownError(LakehouseError):
     """The catalog failed after a commit may have landed; the ancestry decides on the next run."""
 
 
+class CommitConflictError(LakehouseError):
+    """A commit refused because the table changed since its base; retried after re-reading."""
+
+
 class TableNotFoundError(LakehouseError):
     """A static target table does not exist and the stream may not create it."""
 

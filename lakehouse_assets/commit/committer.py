@@ -11,7 +11,8 @@ A committer pass over one table:
    committed without committing them again, and takes the contiguous staged batches above it (a
    missing batch stops the stream with an error naming it);
 4. appends their dead letters to the dead-letter table, then publishes their rows: one append for
-   all ready batches of an append stream, one MERGE per batch, in order, for a change stream.
+   all ready batches of an append stream, one commit per batch, in order, for a change stream (a
+   row delta through the key index on a format-2 merge-on-read table, else a MERGE).
    Under ``publish: audit`` the rows go to the table's audit branch instead (and only while it
    holds nothing main lacks), and the dead letters wait for the publish (``publishing``).
    Every commit carries the ``lakehouse.*`` summary keys; each table's own ancestry says whether
@@ -35,6 +36,7 @@ from itertools import groupby
 
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from lakehouse_assets import faults
 from lakehouse_assets.catalog.table_metadata import qualified_name
@@ -73,7 +75,7 @@ from lakehouse_assets.commit.table_writes import (
     merge_changes,
 )
 from lakehouse_assets.config import StreamSpec
-from lakehouse_assets.engine.jvm import is_commit_conflict
+from lakehouse_assets.engine.jvm import copied_session, is_commit_conflict
 from lakehouse_assets.errors import CommitOutcomeUnknownError, ConfigError, FencedError, SequenceGapError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.batch_ledger import BatchRecord, CommittedBatch, StreamLedger
@@ -382,7 +384,7 @@ def _record_completeness(committer: CommitterPass, stream: StreamSpec, staged: D
 
 
 def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> CommitResult:
-    """Publish ``batches`` in one commit (an append, or one MERGE for a change stream)."""
+    """Publish ``batches`` in one commit (an append; for a change stream a row delta or a MERGE)."""
     identifier = stream.table_identifier
     started = time.monotonic()
     if committer.target.publishes_to == MAIN_BRANCH:
@@ -405,10 +407,12 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
     columns = table_schema.fieldNames()
     # Each batch is aligned to the table on its own: batches staged with different new columns, or
     # with different types for one (the first committed type wins), cannot be read as one.
-    aligned = [accepted_rows(spark.read.parquet(str(record.events_path())), table_schema) for record in batches]
-    staged = reduce(DataFrame.unionByName, aligned)
+    staged = _staged_rows(spark, batches, table_schema)
     if keys and uses_row_deltas(committer.lake.require_table(identifier)):
-        with ChangeBatchDelta(spark, committer.lake, identifier, staged, keys, columns, stream.order_column) as delta:
+        # On a copy of the session: the staged write's setting must reach no other table's commit.
+        own = copied_session(spark)
+        changes = _staged_rows(own, batches, table_schema)
+        with ChangeBatchDelta(own, committer.lake, identifier, changes, keys, columns, stream.order_column) as delta:
             counts = delta.plan(committer.lake.require_table(identifier), committer.expected_snapshot_id)
             properties = _change_summary(committer, stream, batches, counts)
             late_events = _record_completeness(committer, stream, staged, properties)
@@ -438,6 +442,12 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
     late_events = _record_completeness(committer, stream, staged, properties)
     kind = "merge" if keys else "append"
     return _publish(committer, stream, batches, write, kind, properties, counts, dead_letters, started, late_events)
+
+
+def _staged_rows(spark: SparkSession, batches: list[BatchRecord], table_schema: StructType) -> DataFrame:
+    """The accepted rows of the staged ``batches`` as the table's columns, with their operation."""
+    aligned = [accepted_rows(spark.read.parquet(str(record.events_path())), table_schema) for record in batches]
+    return reduce(DataFrame.unionByName, aligned)
 
 
 def _change_summary(

@@ -15,9 +15,9 @@ It lives beside the staging ledger, in the storage root every host shares, under
 - entry segments (Parquet): key columns, ``_lakehouse_order``, ``_lakehouse_file``, ``_lakehouse_pos``;
 - removed segments (Parquet): ``_lakehouse_file``, ``_lakehouse_pos`` of rows deleted since.
 
-The live rows are the entries less the removed positions. Each commit adds one segment of each
-kind; past ``FOLD_SEGMENTS`` segments they are folded into one entry segment (a DuckDB copy of
-the live rows, a cost paid once every ``FOLD_SEGMENTS`` commits).
+The live rows are the entries less the removed positions. Each commit adds up to one segment of
+each kind; every ``FOLD_COMMITS`` commits they are folded into one entry segment (a DuckDB copy of
+the live rows).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import duckdb
@@ -41,11 +41,14 @@ from lakehouse_assets.faults import crash_point
 from lakehouse_assets.lakehouse import Lakehouse
 
 MANIFEST = "index.json"
-# Files the manifest does not name are removed once this old: another host sharing the storage
-# root may be writing segments its own manifest will name.
-UNREFERENCED_GRACE_SECONDS = 600
-FORMAT_VERSION = 1
-FOLD_SEGMENTS = 16
+# A segment a new manifest no longer names is removed this long after: a reader (another host
+# sharing the storage root) may still be reading it by the manifest before.
+RETIRED_GRACE_SECONDS = 600
+# A file no manifest ever named (a killed writer's segment, a batch's working files) is removed
+# once this old: a rebuild or a batch may still be writing it.
+UNNAMED_GRACE_SECONDS = 24 * 3600
+FORMAT_VERSION = 2
+FOLD_COMMITS = 16
 ORDER = "_lakehouse_order"
 FILE = "_lakehouse_file"
 POSITION = "_lakehouse_pos"
@@ -85,6 +88,8 @@ class IndexState:
     order_column: str | None
     entries: tuple[Segment, ...]
     removed: tuple[Segment, ...]
+    unfolded_commits: int = 0
+    """Commits recorded since the last rebuild or fold."""
 
     @property
     def live_rows(self) -> int:
@@ -139,6 +144,7 @@ class KeyIndex:
                 order_column=document["order_column"],
                 entries=tuple(Segment(**s) for s in document["entries"]),
                 removed=tuple(Segment(**s) for s in document["removed"]),
+                unfolded_commits=document["unfolded_commits"],
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -226,10 +232,16 @@ class KeyIndex:
             entries = (*entries, self._copy(connection, added_sql, "entries"))
         if removed_sql is not None:
             removed = (*removed, self._copy(connection, removed_sql, "removed"))
-        updated = IndexState(state.table_uuid, snapshot_id, state.key_columns, state.order_column, entries, removed)
-        if len(entries) + len(removed) > FOLD_SEGMENTS:
+        updated = replace(
+            state,
+            snapshot_id=snapshot_id,
+            entries=entries,
+            removed=removed,
+            unfolded_commits=state.unfolded_commits + 1,
+        )
+        if updated.unfolded_commits >= FOLD_COMMITS:
             folded = self._copy(connection, f"SELECT * FROM {self.live_rows_sql(updated)}", "entries")
-            updated = IndexState(state.table_uuid, snapshot_id, state.key_columns, state.order_column, (folded,), ())
+            updated = replace(updated, entries=(folded,), removed=(), unfolded_commits=0)
         crash_point(faults.KEY_INDEX_BEFORE_MANIFEST)
         self._write_manifest(updated)
         return updated
@@ -243,21 +255,41 @@ class KeyIndex:
     def _segment(self, relative: Path, rows: int | None = None) -> Segment:
         path = self.directory / relative
         if rows is None:
-            counted = duckdb.connect().execute(f"SELECT count(*) FROM {parquet_scan([path])}").fetchone()
+            with duckdb.connect() as connection:
+                counted = connection.execute(f"SELECT count(*) FROM {parquet_scan([path])}").fetchone()
             rows = int(counted[0]) if counted else 0
         return Segment(str(relative), rows, path.stat().st_size)
 
     def _write_manifest(self, state: IndexState) -> None:
-        """Write ``index.json`` by rename, then remove the files it does not name (past a grace)."""
-        document = {"format": FORMAT_VERSION, **asdict(state)}
+        """Write ``index.json`` by rename. The segments the manifest before named and this one does
+        not are retired; a file retired longer than a grace, or never named and older than
+        another, is removed."""
+        now = time.time()
+        named = {Path(s.file).parts[0] for s in (*state.entries, *state.removed)}
+        retired = self._retired()
+        previous = self._read_manifest()
+        for segment in (*previous.entries, *previous.removed) if previous else ():
+            retired.setdefault(Path(segment.file).parts[0], now)
+        expired = {name for name, since in retired.items() if now - since > RETIRED_GRACE_SECONDS}
+        still_retired = {name: since for name, since in retired.items() if name not in named | expired}
+        document = {"format": FORMAT_VERSION, **asdict(state), "retired": still_retired}
         temporary = self.directory / f".{MANIFEST}.{uuid.uuid4().hex}"
         temporary.write_text(json.dumps(document))
         os.replace(temporary, self.directory / MANIFEST)
-        kept = {Path(s.file).parts[0] for s in (*state.entries, *state.removed)} | {MANIFEST}
-        now = time.time()
         for path in self.directory.iterdir():
-            if path.name not in kept and now - path.stat().st_mtime > UNREFERENCED_GRACE_SECONDS:
+            unnamed = path.name not in named | set(retired) | {MANIFEST}
+            if (path.name in expired and path.name not in named) or (
+                unnamed and now - path.stat().st_mtime > UNNAMED_GRACE_SECONDS
+            ):
                 if path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     path.unlink(missing_ok=True)
+
+    def _retired(self) -> dict[str, float]:
+        """The retired files the manifest names, with when they were retired."""
+        try:
+            retired = json.loads((self.directory / MANIFEST).read_text()).get("retired", {})
+            return {str(name): float(since) for name, since in retired.items()}
+        except (OSError, ValueError, AttributeError, TypeError):
+            return {}

@@ -48,8 +48,9 @@ from lakehouse_assets.commit.key_index import (
 from lakehouse_assets.commit.recovery import MAIN_BRANCH, branch_head_id
 from lakehouse_assets.commit.table_writes import ChangeCounts
 from lakehouse_assets.config import SOURCE_POSITION_COLUMN, SOURCE_POSITION_TYPE, StreamSpec
+from lakehouse_assets.engine.jvm import is_validation_failure
 from lakehouse_assets.engine.jvm import jvm as spark_jvm
-from lakehouse_assets.errors import FencedError, LakehouseError
+from lakehouse_assets.errors import CommitConflictError, FencedError, LakehouseError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.staged_format import DELETE, OPERATION_COLUMN
 from lakehouse_assets.lakehouse import Lakehouse
@@ -68,10 +69,11 @@ def uses_row_deltas(table: Table) -> bool:
     """Whether a change batch commits to ``table`` as a row delta: a format-2 table whose merges are
     merge-on-read (its readers expect position deletes) with its files on a mounted path. Other
     tables keep ``MERGE INTO`` (format 3 writes deletion vectors there; copy-on-write rewrites files)."""
+    data_location = table.properties.get("write.data.path", table.location())
     return (
         table.metadata.format_version == 2
         and table.properties.get("write.merge.mode") == "merge-on-read"
-        and local_path(table.location()) is not None
+        and local_path(data_location) is not None
     )
 
 
@@ -97,10 +99,20 @@ def local_path(location: str) -> str | None:
     return location if location.startswith("/") else None
 
 
+class StaleIndexError(LakehouseError):
+    """The key index names data files that the snapshot it describes does not hold."""
+
+
+# The columns of the lookup's own tables, in the reserved prefix: a key column may be named anything else.
+CHANGE_OPERATION = "_lakehouse_change_operation"
+APPLIES = "_lakehouse_applies"
+
+
 class ChangeBatchDelta:
-    """One change batch's row delta into one table: its changes (keys, operation, order value)
-    kept as Parquet for DuckDB, planned against the key index, written, committed and indexed.
-    A context manager: leaving it removes the batch's working files."""
+    """One change batch's row delta into one table, on a Spark session of its own (the staged
+    write's settings must reach no other thread's write): its changes (keys, operation, order
+    value) kept as Parquet for DuckDB, planned against the key index, written, committed and
+    indexed. A context manager: entering it writes the changes, leaving it removes them."""
 
     def __init__(
         self,
@@ -122,16 +134,21 @@ class ChangeBatchDelta:
         self.index = KeyIndex.of(lake, identifier, keys, order_column)
         # Inside the index's directory, whose updates remove what a killed process left there.
         self.workspace = self.index.directory / f"work-{uuid.uuid4().hex}"
-        ordered = [order_column] if order_column else []
-        changes.select(*keys, OPERATION_COLUMN, *ordered).write.parquet(str(self.workspace / "changes"))
         self.connection = duckdb.connect()
-        self.connection.execute(
-            f"CREATE TEMP VIEW changes AS SELECT * FROM {parquet_scan([str(self.workspace / 'changes' / '*.parquet')])}"
-        )
         self.base: IndexState | None = None
         self.counts = ChangeCounts(0, 0, 0)
 
     def __enter__(self) -> ChangeBatchDelta:
+        try:
+            ordered = [self.order_column] if self.order_column else []
+            written = self.workspace / "changes"
+            self.changes.select(*self.keys, OPERATION_COLUMN, *ordered).write.parquet(str(written))
+            self.connection.execute(
+                f"CREATE TEMP VIEW changes AS SELECT * FROM {parquet_scan([str(written / '*.parquet')])}"
+            )
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(
@@ -140,28 +157,28 @@ class ChangeBatchDelta:
         self.connection.close()
         shutil.rmtree(self.workspace, ignore_errors=True)
 
-    def plan(self, table: Table, head: int | None) -> ChangeCounts:
+    def plan(self, table: Table, head: int | None, rebuild: bool = False) -> ChangeCounts:
         """Look the batch's keys up in the index of ``table`` at ``head`` (the branch head the
-        commit will validate from): the rows it replaces, and what it inserts, updates, deletes
-        and skips as stale."""
-        state = self.index.current(self.spark, table, head)
+        commit will validate from; rebuilt first when ``rebuild``): the rows it replaces, and what
+        it inserts, updates, deletes and skips as stale."""
+        state = self.index.rebuild(self.spark, table, head) if rebuild else self.index.current(self.spark, table, head)
         try:
             self._match(state)
-        except duckdb.Error:
+        except (duckdb.IOException, duckdb.InvalidInputException):
             # A segment that no longer reads as Parquet (a damaged disk, a hand edit): rebuild.
             state = self.index.rebuild(self.spark, table, head)
             self._match(state)
         keys = ", ".join(sql_name(k) for k in self.keys)
         self.connection.execute(
-            f"CREATE OR REPLACE TEMP TABLE matched_keys AS SELECT {keys}, any_value(operation) AS operation, "
-            f"bool_and(applies) AS applies FROM matched GROUP BY {keys}"
+            f"CREATE OR REPLACE TEMP TABLE matched_keys AS SELECT {keys}, any_value({CHANGE_OPERATION}) AS "
+            f"{CHANGE_OPERATION}, bool_and({APPLIES}) AS {APPLIES} FROM matched GROUP BY {keys}"
         )
         row = self.connection.execute(
             f"SELECT (SELECT count(*) FROM changes WHERE {OPERATION_COLUMN} <> '{DELETE}') "
-            f"- count(*) FILTER (WHERE operation <> '{DELETE}'), "
-            f"count(*) FILTER (WHERE applies AND operation <> '{DELETE}'), "
-            f"count(*) FILTER (WHERE applies AND operation = '{DELETE}'), "
-            "count(*) FILTER (WHERE NOT applies) FROM matched_keys"
+            f"- count(*) FILTER (WHERE {CHANGE_OPERATION} <> '{DELETE}'), "
+            f"count(*) FILTER (WHERE {APPLIES} AND {CHANGE_OPERATION} <> '{DELETE}'), "
+            f"count(*) FILTER (WHERE {APPLIES} AND {CHANGE_OPERATION} = '{DELETE}'), "
+            f"count(*) FILTER (WHERE NOT {APPLIES}) FROM matched_keys"
         ).fetchone()
         if row is None:
             raise LakehouseError(f"table {self.identifier}: the key lookup returned nothing")
@@ -176,31 +193,42 @@ class ChangeBatchDelta:
         if self.order_column:
             change_order, row_order = f"c.{sql_name(self.order_column)}", f"e.{ORDER}"
             change_key, row_key = (ordered_as_spark(side, self.order_column) for side in (change_order, row_order))
-            newer = f"{change_key} >= {row_key}"
-            applies = f"({row_order} IS NULL OR {change_order} IS NULL OR {newer})"
+            applies = f"({row_order} IS NULL OR {change_order} IS NULL OR {change_key} >= {row_key})"
         else:
             applies = "true"
         key_list = ", ".join(f"c.{sql_name(k)}" for k in self.keys)
         self.connection.execute(
-            f"CREATE OR REPLACE TEMP TABLE matched AS SELECT {key_list}, c.{OPERATION_COLUMN} AS operation, "
-            f"e.{FILE} AS file, e.{POSITION} AS pos, {applies} AS applies "
+            f"CREATE OR REPLACE TEMP TABLE matched AS SELECT {key_list}, c.{OPERATION_COLUMN} AS {CHANGE_OPERATION}, "
+            f"e.{FILE}, e.{POSITION}, {applies} AS {APPLIES} "
             f"FROM changes c JOIN {self.index.live_rows_sql(state)} e ON {on}"
         )
 
+    def _replan(self, table: Table, head: int | None, rebuild: bool = False) -> None:
+        """Plan again against ``head``; FencedError when the batch's effect changed meanwhile
+        (another writer changed its rows)."""
+        planned = self.counts
+        if self.plan(table, head, rebuild) != planned:
+            raise FencedError(f"table {self.identifier}: the rows of this change batch changed while it committed")
+
     def commit(self, branch: str, properties: dict[str, str]) -> None:
-        """Write the batch's new rows and deletes and commit them to ``branch`` in one row delta
+        """Write the batch's deletes and new rows and commit them to ``branch`` in one row delta
         carrying ``properties``, then bring the key index to the new snapshot. Plans again when
-        the branch moved since the last plan (a commit conflict); FencedError when the batch's
-        effect would then differ (another writer changed its rows)."""
+        the branch moved since the last plan (after a commit conflict); a commit Iceberg's checks
+        refuse (the table changed under it) raises CommitConflictError, which the committer retries."""
         table = self.lake.require_table(self.identifier)
         head = branch_head_id(table, branch)
-        planned, previous = self.counts, self.base
-        if previous is None or previous.snapshot_id != head:
-            if self.plan(table, head) != planned and previous is not None:
-                raise FencedError(f"table {self.identifier}: the rows of this change batch changed while it committed")
+        if self.base is None or self.base.snapshot_id != head:
+            self._replan(table, head)
         jtable = self._java_table()
+        if _java_head(jtable, branch) != head:
+            raise CommitConflictError(f"table {self.identifier}: {branch} moved while this batch committed")
+        try:
+            deletes, referenced = self._write_delete_files(jtable, head)
+        except StaleIndexError:
+            # Files the index names are gone from the snapshot it claims to describe: rebuild it.
+            self._replan(table, head, rebuild=True)
+            deletes, referenced = self._write_delete_files(jtable, head)
         added = self._write_new_rows(table, jtable)
-        deletes, referenced = self._write_delete_files(jtable, head)
         crash_point(faults.ROW_DELTA_AFTER_DELETE_FILES)
         delta = jtable.newRowDelta()
         for data_file in added:
@@ -212,13 +240,22 @@ class ChangeBatchDelta:
             delta.validateDataFilesExist(self._java_list(referenced))
             delta.validateDeletedFiles()
             delta.validateNoConflictingDeleteFiles()
+            delta.validateNoConflictingDataFiles()
         for key, value in properties.items():
             delta.set(key, value)
         if branch != MAIN_BRANCH:
             delta.toBranch(branch)
-        delta.commit()
+        try:
+            delta.commit()
+        except Exception as error:
+            if is_validation_failure(error):
+                raise CommitConflictError(f"table {self.identifier}: {error}") from error
+            raise
         crash_point(faults.ROW_DELTA_AFTER_COMMIT)
-        self._index_commit(branch_head_id(self.lake.require_table(self.identifier), branch), added)
+        committed = _java_head(jtable, branch)
+        # The index moves to the commit's snapshot only when nothing landed between its base and it.
+        if committed is not None and jtable.snapshot(committed).parentId() == head:
+            self._index_commit(committed, added)
 
     # -- the parts of a commit -------------------------------------------------------------------
 
@@ -243,7 +280,7 @@ class ChangeBatchDelta:
         rows = self.changes.where(f"{OPERATION_COLUMN} <> '{DELETE}'")
         if self.counts.stale:
             stale = self.connection.execute(
-                f"SELECT {', '.join(sql_name(k) for k in self.keys)} FROM matched_keys WHERE NOT applies"
+                f"SELECT {', '.join(sql_name(k) for k in self.keys)} FROM matched_keys WHERE NOT {APPLIES}"
             ).to_arrow_table()
             stale_path = self.workspace / f"stale-{uuid.uuid4().hex}.parquet"
             pq.write_table(stale, stale_path)
@@ -261,28 +298,28 @@ class ChangeBatchDelta:
 
     def _write_delete_files(self, jtable: JavaObject, head: int | None) -> tuple[list[JavaObject], list[str]]:
         """One position delete file per table partition for the rows the batch replaces, beside
-        the table's data files; the delete files and the data files they delete from."""
+        the table's data files; the delete files and the data files they delete from.
+        StaleIndexError when the snapshot ``head`` lacks a data file the index names."""
         deleted = self.connection.execute(
-            "SELECT m.file, m.pos FROM matched m JOIN matched_keys k USING ("
+            f"SELECT m.{FILE} AS file_path, m.{POSITION} AS pos FROM matched m JOIN matched_keys k USING ("
             + ", ".join(sql_name(k) for k in self.keys)
-            + ") WHERE k.applies ORDER BY m.file, m.pos"
+            + f") WHERE k.{APPLIES} ORDER BY file_path, pos"
         ).to_arrow_table()
         self.connection.register("deleted_positions", deleted)
-        referenced = sorted(set(deleted.column("file").to_pylist()))
+        referenced = sorted(set(deleted.column("file_path").to_pylist()))
         if not referenced or head is None:
             return [], []
         jvm = spark_jvm(self.spark)
         by_partition: dict[tuple[int, str], list[str]] = defaultdict(list)
         data_files = _data_files(jvm, jtable, head, set(referenced))
-        for location, data_file in data_files.items():
-            spec = jtable.specs().get(data_file.specId())
-            by_partition[(data_file.specId(), spec.partitionToPath(data_file.partition()))].append(location)
-        missing = set(referenced) - set(data_files)
-        if missing:
-            raise LakehouseError(
+        if missing := set(referenced) - set(data_files):
+            raise StaleIndexError(
                 f"table {self.identifier}: the key index names data files that snapshot {head} does not hold: "
                 f"{sorted(missing)[:3]}"
             )
+        for location, data_file in data_files.items():
+            spec = jtable.specs().get(data_file.specId())
+            by_partition[(data_file.specId(), spec.partitionToPath(data_file.partition()))].append(location)
         io, metrics_config = jtable.io(), jvm.org.apache.iceberg.MetricsConfig.forPositionDelete(jtable)
         delete_files = []
         for locations in by_partition.values():
@@ -292,8 +329,8 @@ class ChangeBatchDelta:
                 spec, sample.partition(), f"{uuid.uuid4().hex}-deletes.parquet"
             )
             positions = self.connection.execute(
-                "SELECT file AS file_path, pos FROM deleted_positions WHERE file IN "
-                f"({', '.join(sql_string(loc) for loc in locations)}) ORDER BY file, pos"
+                "SELECT file_path, pos FROM deleted_positions WHERE file_path IN "
+                f"({', '.join(sql_string(loc) for loc in locations)}) ORDER BY file_path, pos"
             ).to_arrow_table()
             path = local_path(location)
             if path is None:
@@ -317,28 +354,17 @@ class ChangeBatchDelta:
             delete_files.append(builder.build())
         return delete_files, referenced
 
-    def _index_commit(self, snapshot_id: int | None, added: list[JavaObject]) -> None:
+    def _index_commit(self, snapshot_id: int, added: list[JavaObject]) -> None:
         """Bring the key index from the planned snapshot to ``snapshot_id``: the new rows' keys and
-        positions (read from their data files) in, the deleted positions out."""
-        if self.base is None or snapshot_id is None:
+        positions (their row numbers in their data files, read with PyArrow) in, the deleted
+        positions out."""
+        if self.base is None:
             return
         added_sql = None
         if added:
-            locations = [data_file.location() for data_file in added]
-            paths = {local_path(location) or location: location for location in locations}
-            self.connection.register(
-                "added_files",
-                pa.table({"path": list(paths), "location": list(paths.values())}),
-            )
-            keys = ", ".join(f"d.{sql_name(k)}" for k in self.keys)
-            order = f"d.{sql_name(self.order_column)}" if self.order_column else "NULL::VARCHAR"
-            files = ", ".join(sql_string(path) for path in paths)
-            added_sql = (
-                f"SELECT {keys}, {order} AS {ORDER}, f.location AS {FILE}, d.file_row_number AS {POSITION} "
-                f"FROM read_parquet([{files}], filename = true, file_row_number = true) d "
-                "JOIN added_files f ON d.filename = f.path"
-            )
-        removed_sql = f"SELECT file AS {FILE}, pos AS {POSITION} FROM deleted_positions"
+            self.connection.register("added_entries", self._entries_of([f.location() for f in added]))
+            added_sql = "SELECT * FROM added_entries"
+        removed_sql = f"SELECT file_path AS {FILE}, pos AS {POSITION} FROM deleted_positions"
         has_removed = self.connection.execute("SELECT count(*) FROM deleted_positions").fetchone()
         self.index.record(
             self.base,
@@ -347,6 +373,26 @@ class ChangeBatchDelta:
             added_sql,
             removed_sql if has_removed and has_removed[0] else None,
         )
+
+    def _entries_of(self, locations: list[str]) -> pa.Table:
+        """Index entries (keys, order value, file, position) of every row of the data files at ``locations``."""
+        read = [*self.keys, *([self.order_column] if self.order_column else [])]
+        parts = []
+        for location in locations:
+            rows = pq.read_table(local_path(location) or location, columns=read)
+            count = rows.num_rows
+            order = rows.column(self.order_column) if self.order_column else pa.nulls(count, pa.string())
+            files = pa.array([location] * count, pa.string())
+            positions = pa.array(range(count), pa.int64())
+            keys = [rows.column(k) for k in self.keys]
+            parts.append(pa.table([*keys, order, files, positions], names=[*self.keys, ORDER, FILE, POSITION]))
+        return pa.concat_tables(parts)
+
+
+def _java_head(jtable: JavaObject, branch: str) -> int | None:
+    """The id of the head of ``branch`` in the Java table as it last read or committed it."""
+    ref = jtable.refs().get(branch)
+    return None if ref is None else int(ref.snapshotId())
 
 
 def ordered_as_spark(value: str, order_column: str) -> str:

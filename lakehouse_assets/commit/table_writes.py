@@ -27,7 +27,7 @@ from lakehouse_assets.ingest.staged_format import DELETE, OPERATION_COLUMN
 
 @dataclass(frozen=True)
 class ChangeCounts:
-    """Rows a MERGE inserts, updates and deletes (deleting a missing key counts nothing), and the
+    """Rows a change batch inserts, updates and deletes (deleting a missing key counts nothing), and the
     stale changes it skips: older, by the order column, than the row they would change."""
 
     inserted: int

@@ -4,8 +4,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lakehouse_assets.errors import CommitConflictError
+
 if TYPE_CHECKING:  # importing this module loads no PySpark (the DuckDB checks import it without one)
     from pyspark.sql import SparkSession
+
+
+def copied_session(spark: SparkSession) -> SparkSession:
+    """A copy of ``spark`` (its settings, catalogs, views and functions) whose own settings no
+    other thread sees. PySpark has no public way to copy a session: ``newSession`` would drop the
+    runtime settings (catalogs among them), so this goes around it to the JVM's ``cloneSession``
+    (internal to Spark's SQL package, reachable through py4j)."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
 
 
 def jvm(spark: SparkSession) -> Any:
@@ -17,19 +29,32 @@ def jvm(spark: SparkSession) -> Any:
 
 
 ICEBERG_COMMIT_FAILED = "org.apache.iceberg.exceptions.CommitFailedException"
+ICEBERG_VALIDATION_FAILED = "org.apache.iceberg.exceptions.ValidationException"
 MAX_CAUSES = 20
 """Causes followed down a Java exception's chain (a chain could loop)."""
 
 
 def is_commit_conflict(error: BaseException) -> bool:
     """Whether ``error`` is Iceberg's refusal of a commit because the table changed meanwhile (its
-    ``CommitFailedException``, raised through py4j or within a Spark error): the Java exception
-    and its causes are read by class, not by message."""
+    ``CommitFailedException``, raised through py4j or within a Spark error, or a
+    ``CommitConflictError`` a write raised for one): the Java exception and its causes are read by
+    class, not by message."""
+    return isinstance(error, CommitConflictError) or _thrown_as(error, ICEBERG_COMMIT_FAILED)
+
+
+def is_validation_failure(error: BaseException) -> bool:
+    """Whether ``error`` is Iceberg's ``ValidationException``: a commit's checks of what changed
+    since its base snapshot (files it deletes from removed, conflicting files added) failed."""
+    return _thrown_as(error, ICEBERG_VALIDATION_FAILED)
+
+
+def _thrown_as(error: BaseException, class_name: str) -> bool:
+    """Whether the Java exception behind ``error``, or one of its causes, is of class ``class_name``."""
     # py4j's Py4JJavaError keeps the Java exception; PySpark's own exceptions keep it as _origin.
     thrown = getattr(error, "java_exception", None) or getattr(error, "_origin", None)
     seen = 0
     while thrown is not None and seen < MAX_CAUSES:
-        if thrown.getClass().getName() == ICEBERG_COMMIT_FAILED:
+        if thrown.getClass().getName() == class_name:
             return True
         thrown, seen = thrown.getCause(), seen + 1
     return False

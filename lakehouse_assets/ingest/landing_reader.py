@@ -13,6 +13,7 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from lakehouse_assets.engine.jvm import copied_session
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.staged_format import EVENT_COLUMN, LINE_COLUMN, SOURCE_FILE_COLUMN
 
@@ -70,14 +71,11 @@ def _whole_file_reader(spark: SparkSession, sizes: list[int]) -> SparkSession | 
         return None
     if len(present) < cores and sum(present) > SMALL_BATCH_BYTES:
         return None
-    # A copy of the session (its settings, catalogs, views and functions), with a file's cost to
-    # open as large as a split: Spark cuts no file and packs no two files into one partition
-    # (FilePartition.getFilePartitions), unless told to cap the number of partitions. Landing
-    # files are never modified, so a file's size is the size Spark plans with. PySpark has no
-    # public way to copy a session: ``newSession`` would drop the runtime settings (catalogs among
-    # them), so this goes around it to the JVM's ``cloneSession`` (internal to Spark's SQL package,
-    # reachable through py4j).
-    reader = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
+    # A copy of the session with a file's cost to open as large as a split: Spark cuts no file and
+    # packs no two files into one partition (FilePartition.getFilePartitions), unless told to cap
+    # the number of partitions. Landing files are never modified, so a file's size is the size
+    # Spark plans with.
+    reader = copied_session(spark)
     reader.conf.set("spark.sql.files.maxPartitionBytes", str(split_bytes))
     reader.conf.set("spark.sql.files.openCostInBytes", str(split_bytes))
     reader.conf.unset("spark.sql.files.maxPartitionNum")
