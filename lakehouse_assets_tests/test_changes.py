@@ -270,14 +270,16 @@ REGIONS = ["eu", "it's", 'say "hi"', "back\\slash", "日本", "", "a,b;c", "NULL
 def test_composite_keys_with_any_strings_apply_through_the_key_index(
     lakehouse_home, paths, instance, tmp_path, monkeypatch
 ):
+    """Keys named like the lookup's own columns and the reader's (``file``, ``pos``, ``filename``)
+    and strings of any kind stay values, never SQL or column clashes."""
     stream = {
         **customers_stream("2", "json"),
-        "identifier_columns": ["region", "id"],
+        "identifier_columns": ["file", "pos"],
         "schema": {
             "columns": [
-                {"name": "region", "type": "string", "required": True},
-                {"name": "id", "type": "long", "required": True},
-                {"name": "name", "type": "string"},
+                {"name": "file", "type": "string", "required": True},
+                {"name": "pos", "type": "long", "required": True},
+                {"name": "filename", "type": "string"},
             ]
         },
     }
@@ -292,14 +294,14 @@ def test_composite_keys_with_any_strings_apply_through_the_key_index(
             key = (rng.choice(REGIONS), rng.randrange(4))
             if key in model and rng.random() < 0.3:
                 model.pop(key)
-                lines.append(json.dumps({"op": "d", "region": key[0], "id": key[1]}))
+                lines.append(json.dumps({"op": "d", "file": key[0], "pos": key[1]}))
             else:
                 model[key] = f"r{round_number}-{rng.randrange(1000)}"
-                lines.append(json.dumps({"op": "u", "region": key[0], "id": key[1], "name": model[key]}))
+                lines.append(json.dumps({"op": "u", "file": key[0], "pos": key[1], "filename": model[key]}))
         land_events(paths, lake.stream("customers"), lines)
         assert run_until_idle(defs, instance, log=lambda _: None).failed == []
         table = lake.table("crm.customers")
-        query = f"SELECT region, id, name FROM {scan(table.metadata_location, table.current_snapshot().snapshot_id)}"
+        query = f"SELECT file, pos, filename FROM {scan(table.metadata_location, table.current_snapshot().snapshot_id)}"
         assert sorted(iceberg_connection().sql(query).fetchall()) == sorted((*k, v) for k, v in model.items())
     metadata = instance.get_latest_materialization_event(names.table_key("crm.customers")).asset_materialization
     assert metadata.metadata["commit_kind"].value == "row_delta"
