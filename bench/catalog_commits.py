@@ -64,8 +64,8 @@ def _use(workdir: Path, catalog: dict, jars: str) -> None:
 def _rounds(rounds: int, orders: int, changes: int) -> list[float]:
     import dagster as dg
 
+    from lakehouse_assets.batches.landing import land_events
     from lakehouse_assets.definitions import build_definitions
-    from lakehouse_assets.ingest.landing import land_events
     from lakehouse_assets.lakehouse import Lakehouse
     from lakehouse_assets.runner import run_until_idle
 

@@ -62,10 +62,10 @@ LOAD_BATCH = 2_000_000
 def _commit(spark, lake, stream_name: str, lines: list[str]):
     """Land ``lines`` as one batch and stage and commit it; the commit's result and the seconds
     from landing to committed."""
-    from lakehouse_assets.commit.committer import commit_table
-    from lakehouse_assets.ingest.landing import land_events
+    from lakehouse_assets.batches.landing import land_events
     from lakehouse_assets.ingest.micro_batching import mint_next_batch
     from lakehouse_assets.ingest.staging import stage_batch
+    from lakehouse_assets.table_commits import commit_table
 
     stream = lake.stream(stream_name)
     started = time.perf_counter()

@@ -147,7 +147,7 @@ class Producer(threading.Thread):
             self.error = error
 
     def _produce(self) -> None:
-        from lakehouse_assets.ingest.landing import land_events
+        from lakehouse_assets.batches.landing import land_events
         from lakehouse_assets.lakehouse import Lakehouse
 
         lake = Lakehouse.from_env()

@@ -93,7 +93,7 @@ def _free_port() -> int:
 def _direct_files(directory: Path, lines: list[bytes], seconds: float, writers: int) -> Phase:
     """Landing files of ``lines`` written directly (write, fsync, rename, fsync the directory) by
     ``writers`` threads for ``seconds``: the ceiling of any way of landing events."""
-    from lakehouse_assets.ingest.landing import write_landing_file
+    from lakehouse_assets.batches.landing import write_landing_file
 
     deadline = time.monotonic() + seconds
     written = [0] * writers

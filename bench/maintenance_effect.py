@@ -61,11 +61,11 @@ def _use_home(directory: Path, streams: list[dict]) -> None:
 
 def _commit_events(spark, lines: list[str], stream_name: str):
     """Land, mint, stage and commit one batch through the pipeline's own functions."""
-    from lakehouse_assets.commit.committer import commit_table
-    from lakehouse_assets.ingest.landing import land_events
+    from lakehouse_assets.batches.landing import land_events
     from lakehouse_assets.ingest.micro_batching import mint_next_batch
     from lakehouse_assets.ingest.staging import stage_batch
     from lakehouse_assets.lakehouse import Lakehouse
+    from lakehouse_assets.table_commits import commit_table
 
     lake = Lakehouse.from_env()
     stream = lake.stream(stream_name)

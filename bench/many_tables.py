@@ -93,8 +93,8 @@ def setup(workdir: Path) -> dict[str, str]:
 
 def landed_files(payload: list[str]) -> list[str]:
     """Land ``payload`` in the router's landing directory, as ``lakehouse ingest`` does."""
+    from lakehouse_assets.batches.landing import land_events, landing_dir, list_landing_files
     from lakehouse_assets.config_loader import load_config
-    from lakehouse_assets.ingest.landing import land_events, landing_dir, list_landing_files
     from lakehouse_assets.paths import LakehousePaths
 
     stream = load_config().stream(STREAM)

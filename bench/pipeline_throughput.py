@@ -116,7 +116,7 @@ def _round(events: list[str]) -> tuple[Round, list[str]]:
     (each a cold process), then one more event; DuckDB counts the table's rows against the events."""
     import dagster as dg
 
-    from lakehouse_assets.ingest.landing import land_events, landing_dir, list_landing_files
+    from lakehouse_assets.batches.landing import land_events, landing_dir, list_landing_files
     from lakehouse_assets.lakehouse import Lakehouse
     from lakehouse_assets.quality.duck import iceberg_connection, scan
 

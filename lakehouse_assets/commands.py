@@ -8,15 +8,16 @@ import sys
 
 import dagster as dg
 
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.catalog.tables import require_static_tables
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import blocking_check_names
+from lakehouse_assets.defs.commit_groups import CommitGroup, commit_groups, groups_by_table
 from lakehouse_assets.demo import run_demo
 from lakehouse_assets.errors import ConfigError, IngestError
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.replay import replay_dead_letters
 from lakehouse_assets.ops.status import lakehouse_status
@@ -70,32 +71,32 @@ def _selected_tables(config: LakehouseConfig, table: str | None) -> list[str]:
     return [table]
 
 
-def _by_router(config: LakehouseConfig, tables: list[str]) -> tuple[list[str], dict[str, list[str]]]:
-    """``tables`` split into those with a committer of their own and, per router, those its one
-    committer drives (``LakehouseConfig.router_of``)."""
-    own: list[str] = []
-    routed: dict[str, list[str]] = {}
+def _by_group(config: LakehouseConfig, tables: list[str]) -> list[tuple[CommitGroup, list[str]]]:
+    """``tables`` by the commit group that commits them (``defs.commit_groups``)."""
+    group_of = groups_by_table(commit_groups(config))
+    by_group: dict[str, tuple[CommitGroup, list[str]]] = {}
     for table in tables:
-        router = config.router_of(table)
-        if router:
-            routed.setdefault(router, []).append(table)
-        else:
-            own.append(table)
-    return own, routed
+        group = group_of[table]
+        by_group.setdefault(group.commit_job_name, (group, []))[1].append(table)
+    return list(by_group.values())
 
 
 def _maintenance_runs(config: LakehouseConfig, tables: list[str]) -> list[tuple[str, str, dict, list[str]]]:
-    """The maintenance runs that cover ``tables``: (job, op, run config, tables) per table, and one
-    per router for the tables its committer drives."""
-    own, routed = _by_router(config, tables)
-    runs: list[tuple[str, str, dict, list[str]]] = [
-        (names.maintenance_job_name(table), names.maintenance_op_name(table), {}, [table]) for table in own
+    """The maintenance runs that cover ``tables``: (job, op, run config, tables), one per commit group."""
+    return [
+        (
+            group.maintenance_job_name,
+            group.maintenance_op_name,
+            _tables_config(group.maintenance_op_name, selected),
+            selected,
+        )
+        for group, selected in _by_group(config, tables)
     ]
-    for router, selected in routed.items():
-        op = names.routed_maintenance_op_name(router)
-        run_config = {"ops": {op: {"config": {"tables": selected}}}}
-        runs.append((names.routed_maintenance_job_name(router), op, run_config, selected))
-    return runs
+
+
+def _tables_config(op_name: str, tables: list[str]) -> dict:
+    """The run config that narrows a group's op to ``tables``."""
+    return {"ops": {op_name: {"config": {"tables": tables}}}}
 
 
 def maintain(args: argparse.Namespace) -> int:
@@ -133,16 +134,12 @@ def _print_check_results(table: str, check_names: list[str], result: dg.ExecuteI
 def _check_runs(
     definitions: dg.Definitions, config: LakehouseConfig, tables: list[str]
 ) -> list[tuple[dg.JobDefinition, dict, list[str]]]:
-    """The runs that check ``tables`` on their current snapshots: (job, run config, tables) per
-    table, and one per router for the tables its committer drives."""
-    own, routed = _by_router(config, tables)
-    runs: list[tuple[dg.JobDefinition, dict, list[str]]] = [
-        (definitions.resolve_job_def(names.check_job_name(table)), {}, [table]) for table in own
+    """The runs that check ``tables`` on their current snapshots: (job, run config, tables), one
+    per commit group."""
+    return [
+        (definitions.resolve_job_def(group.check_job_name), _tables_config(group.checks_op_name, selected), selected)
+        for group, selected in _by_group(config, tables)
     ]
-    for router, selected in routed.items():
-        run_config = {"ops": {names.routed_tables_op(router): {"config": {"tables": selected}}}}
-        runs.append((definitions.resolve_job_def(names.routed_check_job_name(router)), run_config, selected))
-    return runs
 
 
 def check(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """The tables one router feeds, worked on together (fan-in): which have routes to commit, staging
 their routes (``routed_staging``) and committing them, two tables at a time.
 
-Each table keeps its own commit: ``committer.commit_table`` with its lock, fence, summary keys and
+Each table keeps its own commit: ``table_commits.commit_table`` with its lock, fence, summary keys and
 recovery. Only the scheduling is shared: one process, one Spark session, and commits of different
 tables in flight at once. A small table's commit is mostly waiting (planning, catalog and metadata
 I/O, a one-task Spark job), so two at a time keep both cores busy; a failing table is returned
@@ -17,17 +17,18 @@ from functools import partial
 
 from pyspark.sql import SparkSession
 
-from lakehouse_assets.commit.committer import CommitOutcome, commit_table
+from lakehouse_assets.batches.landing import list_landing_files
+from lakehouse_assets.batches.ledger import StreamLedger
+from lakehouse_assets.commit.committer import CommitOutcome
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.errors import describe_error
-from lakehouse_assets.ingest.batch_ledger import StreamLedger
-from lakehouse_assets.ingest.landing import list_landing_files
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.routed_staging import PendingBatch, stage_routed_batches
 from lakehouse_assets.ingest.routing import route_dir
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.routed_streams import routed_stream_name
+from lakehouse_assets.table_commits import commit_table
 
 CONCURRENT_COMMITS = 2
 """Tables committed at once; each commit still holds its own table's lock."""
@@ -105,7 +106,16 @@ def commit_concurrently(
 ) -> Iterator[tuple[str, CommitOutcome | Exception]]:
     """``commit(table)`` for each table, ``CONCURRENT_COMMITS`` at a time, yielding each table's
     pass as soon as it is done (so it is reported before the others finish), or the exception it
-    raised: one table's failure never stops the others."""
+    raised: one table's failure never stops the others. A single table is committed on the
+    calling thread, where an interrupt (its run terminated) reaches it."""
+    if len(tables) == 1:
+        outcome: CommitOutcome | Exception
+        try:
+            outcome = commit(tables[0])
+        except Exception as failure:  # noqa: BLE001 - the table's failure, reported by the caller
+            outcome = failure
+        yield tables[0], outcome
+        return
     with ThreadPoolExecutor(CONCURRENT_COMMITS, thread_name_prefix="lakehouse-commit") as pool:
         futures = {pool.submit(commit, table): table for table in tables}
         for future in as_completed(futures):

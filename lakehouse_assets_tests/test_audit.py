@@ -7,11 +7,11 @@ import dagster as dg
 import pytest
 
 from lakehouse_assets import cli
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.status import lakehouse_status
 from lakehouse_assets.quality.duck import iceberg_connection, scan

@@ -14,11 +14,11 @@ from datetime import datetime, timedelta, timezone
 import dagster as dg
 import pytest
 
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.commit.recovery import lakehouse_commits
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets.runner import run_until_idle
@@ -194,8 +194,8 @@ def test_random_change_streams_produce_exactly_the_model(
 def test_change_checks_fail_on_duplicated_keys_and_on_a_batch_not_applied(
     lakehouse_home, paths, instance, tmp_path, monkeypatch
 ):
+    from lakehouse_assets.batches.ledger import StreamLedger
     from lakehouse_assets.engine.spark import lakehouse_session
-    from lakehouse_assets.ingest.batch_ledger import StreamLedger
     from lakehouse_assets.quality import checks
 
     write_config(tmp_path, {"streams": [customers_stream("2", "json")]}, monkeypatch)
@@ -240,10 +240,10 @@ def test_change_checks_fail_on_duplicated_keys_and_on_a_batch_not_applied(
 def test_replaying_a_change_batch_leaves_the_same_table(lakehouse_home, paths, instance, tmp_path, monkeypatch):
     from pyspark.sql import functions as F
 
+    from lakehouse_assets.batches.ledger import StreamLedger
+    from lakehouse_assets.batches.staged_rows import accepted_rows
     from lakehouse_assets.commit.table_writes import merge_changes
     from lakehouse_assets.engine.spark import lakehouse_session
-    from lakehouse_assets.ingest.batch_ledger import StreamLedger
-    from lakehouse_assets.ingest.staged_rows import accepted_rows
 
     write_config(tmp_path, {"streams": [customers_stream("2", "json")]}, monkeypatch)
     lake = Lakehouse.from_env()

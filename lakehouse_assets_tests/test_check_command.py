@@ -10,10 +10,10 @@ import dagster as dg
 import pytest
 from pyspark.sql import functions as F
 
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.engine.spark import lakehouse_session
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import write_config

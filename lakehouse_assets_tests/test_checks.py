@@ -3,10 +3,10 @@
 import dagster as dg
 import pytest
 
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.engine.spark import lakehouse_session
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.quality import checks
 from lakehouse_assets.quality.duck import iceberg_connection
 from lakehouse_assets.runner import run_until_idle

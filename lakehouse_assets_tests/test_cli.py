@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from lakehouse_assets import cli
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.demo import sample_orders
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.instance_settings import LAUNCHER_MARKER, ensure_instance_settings
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_until_idle

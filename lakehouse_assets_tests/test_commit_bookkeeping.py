@@ -6,11 +6,11 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
+from lakehouse_assets.batches.ledger import MintedBatch, StagedBatch, StreamLedger
 from lakehouse_assets.commit.committer import plan_commit
 from lakehouse_assets.commit.recovery import committed_landing_files, committed_state, next_epoch
 from lakehouse_assets.commit.summary_keys import CommitStamp, commit_summary
 from lakehouse_assets.errors import BatchConflictError, SequenceGapError
-from lakehouse_assets.ingest.batch_ledger import MintedBatch, StagedBatch, StreamLedger
 
 
 def _minted(sequence: int, files: list[str] | None = None) -> MintedBatch:

@@ -2,11 +2,11 @@
 
 import pytest
 
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config

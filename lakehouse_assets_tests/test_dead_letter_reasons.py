@@ -10,8 +10,8 @@ import dagster as dg
 import pytest
 import yaml
 
+from lakehouse_assets.batches.landing import landing_dir, write_landing_file
 from lakehouse_assets.engine.spark import lakehouse_session
-from lakehouse_assets.ingest.landing import landing_dir, write_landing_file
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_pipeline_until_idle
 

@@ -1,9 +1,9 @@
 """Which routed tables the fan-in committer has work for, read from the ledgers and route
 directories alone (no Spark): one ledger record and one directory per table."""
 
+from lakehouse_assets.batches.ledger import CommittedBatch, MintedBatch, StreamLedger
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.fan_in import tables_with_pending_routes
-from lakehouse_assets.ingest.batch_ledger import CommittedBatch, MintedBatch, StreamLedger
 from lakehouse_assets.ingest.routing import route_file
 from lakehouse_assets.routed_streams import routed_stream_name
 

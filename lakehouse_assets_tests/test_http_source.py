@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakehouse_assets import faults
+from lakehouse_assets.batches.landing import landing_dir, list_landing_files
 from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
-from lakehouse_assets.ingest.landing import landing_dir, list_landing_files
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config

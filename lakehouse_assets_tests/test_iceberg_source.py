@@ -9,10 +9,10 @@ import dagster as dg
 import pytest
 
 from lakehouse_assets import faults
+from lakehouse_assets.batches.landing import list_landing_files
 from lakehouse_assets.cli import main as lakehouse_main
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.engine.spark import lakehouse_session
-from lakehouse_assets.ingest.landing import list_landing_files
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.status import lakehouse_status
 from lakehouse_assets.quality.duck import iceberg_connection

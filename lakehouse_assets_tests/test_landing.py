@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lakehouse_assets.batches import landing
+from lakehouse_assets.batches.landing import land_events, landing_dir, list_landing_files
+from lakehouse_assets.batches.ledger import CommittedBatch
 from lakehouse_assets.errors import IngestError
-from lakehouse_assets.ingest import landing
-from lakehouse_assets.ingest.batch_ledger import CommittedBatch
-from lakehouse_assets.ingest.landing import land_events, landing_dir, list_landing_files
 from lakehouse_assets.ingest.micro_batching import mint_next_batch, work_may_be_waiting
 from lakehouse_assets_tests.conftest import order_event
 

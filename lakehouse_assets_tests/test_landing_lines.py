@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lakehouse_assets.batches.staged_format import EVENT_COLUMN, LINE_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest import landing_reader
 from lakehouse_assets.ingest.landing_reader import read_landing_lines
-from lakehouse_assets.ingest.staged_format import EVENT_COLUMN, LINE_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.lakehouse import Lakehouse
 
 pytestmark = pytest.mark.spark

@@ -6,11 +6,11 @@ import time
 import dagster as dg
 import pytest
 
+from lakehouse_assets.batches.landing import land_events, landing_dir, list_landing_files
+from lakehouse_assets.batches.ledger import CommittedBatch, StreamLedger
 from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
-from lakehouse_assets.ingest.batch_ledger import CommittedBatch, StreamLedger
-from lakehouse_assets.ingest.landing import land_events, landing_dir, list_landing_files
 from lakehouse_assets.ingest.micro_batching import mint_next_batch, pending_files
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.status import lakehouse_status

@@ -7,10 +7,10 @@ import signal
 import pytest
 
 from lakehouse_assets import faults
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.config_loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.engine.spark import lakehouse_session
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.replay import replay_dead_letters
 from lakehouse_assets.runner import run_until_idle

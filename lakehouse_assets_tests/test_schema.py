@@ -14,6 +14,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import FixedType, NestedField, UUIDType
 from pyspark.sql import types as T
 
+from lakehouse_assets.batches.landing import land_events
+from lakehouse_assets.batches.staged_format import REASON_COLUMN
 from lakehouse_assets.catalog.iceberg_types import parse_type, type_name
 from lakehouse_assets.config import parse_config
 from lakehouse_assets.definitions import build_definitions
@@ -21,8 +23,6 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest.conversion import convert_events, with_iceberg_types
 from lakehouse_assets.ingest.inference import infer_type
-from lakehouse_assets.ingest.landing import land_events
-from lakehouse_assets.ingest.staged_format import REASON_COLUMN
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runner import run_until_idle

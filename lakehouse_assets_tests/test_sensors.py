@@ -5,12 +5,12 @@ import time
 
 import dagster as dg
 
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.config import FlushSpec
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.defs.sensors import committer_backoff, landing_sensor_interval
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets_tests.conftest import order_event
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.commit.recovery import lakehouse_commits
 from lakehouse_assets.engine.spark import DRIVER_MEMORY_ENV, ICEBERG_RUNTIME_JAR, MASTER_ENV
 from lakehouse_assets.engine.spark_host import call_on_host, host_pid
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import STORAGE_ROOT_ENV
 from lakehouse_assets.quality.duck import iceberg_connection, scan

@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 
 from lakehouse_assets import faults
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.catalog.staged_snapshots import WAP_ID_SUMMARY_KEY
 from lakehouse_assets.commit import summary_keys
-from lakehouse_assets.commit.committer import commit_table
 from lakehouse_assets.commit.recovery import lakehouse_commits
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.faults import InjectedFault
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.quality.duck import iceberg_connection, scan
+from lakehouse_assets.table_commits import commit_table
 from lakehouse_assets_tests.conftest import order_event
 
 pytestmark = pytest.mark.spark

@@ -39,6 +39,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from lakehouse_assets import faults
+from lakehouse_assets.batches.ledger import BatchRecord, CommittedBatch, StreamLedger
+from lakehouse_assets.batches.staged_rows import accepted_rows
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.catalog.tables import identifier_columns
 from lakehouse_assets.commit import summary_keys
@@ -78,13 +80,14 @@ from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.engine.jvm import copied_session, is_commit_conflict
 from lakehouse_assets.errors import CommitOutcomeUnknownError, ConfigError, FencedError, SequenceGapError
 from lakehouse_assets.faults import crash_point
-from lakehouse_assets.ingest.batch_ledger import BatchRecord, CommittedBatch, StreamLedger
-from lakehouse_assets.ingest.staged_rows import accepted_rows
-from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.quality.completeness import count_late_events, next_watermark
 
 COMMIT_ATTEMPTS = 3
+
+StageAgain = Callable[[SparkSession, Lakehouse, StreamSpec, int, str], object]
+"""Stages batch ``sequence`` of ``stream`` again from its landing files, as Parquet, for a pass that
+holds the table's lock (``ingest.staging.stage_again``; ``commit`` does not import ``ingest``)."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,7 @@ class CommitterPass:
     epoch: int
     target: CommitTarget
     expected_snapshot_id: int | None
+    stage_again: StageAgain
 
     @classmethod
     def begin(
@@ -210,6 +214,7 @@ class CommitterPass:
         table_identifier: str,
         run_id: str,
         target: CommitTarget,
+        stage_again: StageAgain,
     ) -> CommitterPass:
         """A pass over the table as it is now: an epoch above every epoch in its branch's ancestry,
         and the branch's head as the base it expects."""
@@ -222,6 +227,7 @@ class CommitterPass:
             epoch=next_epoch(table, target.branch),
             target=target,
             expected_snapshot_id=branch_head_id(table, target.branch),
+            stage_again=stage_again,
         )
 
     def on_pass_branch(self, name: str) -> CommitterPass:
@@ -296,7 +302,7 @@ def _ensure_staged_data(committer: CommitterPass, stream: StreamSpec, record: Ba
         return record
     ledger = committer.lake.ledger(stream.name)
     ledger.reset_to_minted(record.sequence)
-    stage_batch(committer.spark, committer.lake, stream, record.sequence, run_id=committer.run_id, into_table=False)
+    committer.stage_again(committer.spark, committer.lake, stream, record.sequence, committer.run_id)
     return ledger.require(record.sequence)
 
 
@@ -610,17 +616,19 @@ def _prepare_audit_branch(committer: CommitterPass) -> AuditState | None:
     return audit_state(table)
 
 
-def commit_table(
+def commit_pass(
     spark: SparkSession,
     lake: Lakehouse,
     table_identifier: str,
     run_id: str,
+    stage_again: StageAgain,
 ) -> CommitOutcome:
     """Commit every stream's ready batches to one table (to its audit branch under ``publish:
-    audit``, and only while that branch holds nothing unpublished), unless fenced by another committer."""
+    audit``, and only while that branch holds nothing unpublished), unless fenced by another
+    committer; a ready batch whose staged data is gone is staged again with ``stage_again``."""
     streams = lake.config.tables[table_identifier]
     target = CommitTarget.audited() if lake.config.audits(table_identifier) else CommitTarget.direct()
-    committer = CommitterPass.begin(spark, lake, table_identifier, run_id, target)
+    committer = CommitterPass.begin(spark, lake, table_identifier, run_id, target, stage_again)
     crash_point(faults.COMMITTER_BEFORE_LOCK)
     plans: list[CommitPlan] = []
     results: list[CommitResult] = []

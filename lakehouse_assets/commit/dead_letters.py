@@ -10,6 +10,9 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from lakehouse_assets.batches.landing import landing_dir
+from lakehouse_assets.batches.ledger import BatchRecord
+from lakehouse_assets.batches.staged_rows import rejected_events
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.catalog.tables import MANAGED_TABLE_PROPERTIES
 from lakehouse_assets.commit import summary_keys
@@ -18,9 +21,6 @@ from lakehouse_assets.commit.recovery import MAIN_BRANCH, branch_head, committed
 from lakehouse_assets.commit.summary_keys import CommitStamp
 from lakehouse_assets.commit.table_writes import append_rows, run_with_commit_properties
 from lakehouse_assets.config import StreamSpec
-from lakehouse_assets.ingest.batch_ledger import BatchRecord
-from lakehouse_assets.ingest.landing import landing_dir
-from lakehouse_assets.ingest.staged_rows import rejected_events
 from lakehouse_assets.lakehouse import Lakehouse
 
 DEAD_LETTER_SUFFIX = "_dead_letters"

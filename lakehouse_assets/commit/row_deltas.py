@@ -32,6 +32,7 @@ from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 
 from lakehouse_assets import faults
+from lakehouse_assets.batches.staged_format import DELETE, OPERATION_COLUMN
 from lakehouse_assets.catalog.staged_snapshots import allow_staged_snapshots, staged_snapshot_id, write_staged
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.catalog.tables import identifier_columns
@@ -52,7 +53,6 @@ from lakehouse_assets.engine.jvm import is_validation_failure
 from lakehouse_assets.engine.jvm import jvm as spark_jvm
 from lakehouse_assets.errors import CommitConflictError, FencedError, LakehouseError
 from lakehouse_assets.faults import crash_point
-from lakehouse_assets.ingest.staged_format import DELETE, OPERATION_COLUMN
 from lakehouse_assets.lakehouse import Lakehouse
 
 # Iceberg's reserved field ids of a position delete file's two columns (the table spec).

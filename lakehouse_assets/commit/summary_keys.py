@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from lakehouse_assets.ingest.batch_ledger import BatchRecord
-from lakehouse_assets.ingest.landing import source_snapshot_of
+from lakehouse_assets.batches.landing import source_snapshot_of
+from lakehouse_assets.batches.ledger import BatchRecord
 
 PREFIX = "lakehouse."
 STREAM = "lakehouse.stream"

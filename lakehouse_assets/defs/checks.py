@@ -1,14 +1,14 @@
-"""DuckDB checks on the exact snapshot the last materialization of a table committed (or, in a
-check or publish job, on its current snapshot), the freshness check on each stream's backlog, and
-per table the job that runs the blocking checks alone (``lakehouse check``)."""
+"""The checks of a table: DuckDB checks on the exact snapshot a commit made (or, in a check or
+publish job, on the current snapshot), the freshness check on each stream's backlog; and per
+commit group the job that runs the blocking checks alone (``lakehouse check``)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import dagster as dg
 from pyiceberg.table import StaticTable
 
+from lakehouse_assets.batches.ledger import StreamLedger
 from lakehouse_assets.catalog.tables import identifier_columns
 from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
@@ -16,9 +16,9 @@ from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import blocking_check_names, blocking_expectations
+from lakehouse_assets.defs.commit_groups import CommitGroup
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.errors import describe_error
-from lakehouse_assets.ingest.batch_ledger import StreamLedger
 from lakehouse_assets.quality import checks
 from lakehouse_assets.quality.duck import iceberg_connection
 from lakehouse_assets.quality.lag import stream_lag_seconds
@@ -40,8 +40,7 @@ class CheckTarget:
 
 @dataclass(frozen=True)
 class TableCheck:
-    """One check of a table, evaluated the same way by its ``@asset_check`` and by the routed
-    tables' multi-asset."""
+    """One check of a table, evaluated by its commit group's committer (``defs.committer``)."""
 
     name: str
     description: str
@@ -166,26 +165,6 @@ def table_check_registry(table_identifier: str, streams: list[StreamSpec]) -> li
     table_level.extend([freshness_check(table_identifier, streams), dead_letters_check(table_identifier)])
     change_streams = [stream for stream in streams if stream.applies_changes]
     return table_level + (change_checks(table_identifier, change_streams) if change_streams else [])
-
-
-def table_checks(table_identifier: str, streams: list[StreamSpec]) -> list[dg.AssetChecksDefinition]:
-    """The checks of one table as asset checks: on the snapshot the table's latest materialization
-    recorded, or in a check or publish job (``check_current_snapshot``) on its current snapshot."""
-    return [_asset_check(table_identifier, check) for check in table_check_registry(table_identifier, streams)]
-
-
-def _asset_check(table_identifier: str, check: TableCheck) -> dg.AssetChecksDefinition:
-    @dg.asset_check(
-        asset=names.table_key(table_identifier),
-        name=check.name,
-        blocking=check.blocking,
-        description=check.description,
-    )
-    def _check(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
-        target = partial(checked_target, context.instance, lakehouse, table_identifier)
-        return check.result(names.table_key(table_identifier), lakehouse, target)
-
-    return _check
 
 
 def freshness_check(table_identifier: str, streams: list[StreamSpec]) -> TableCheck:
@@ -330,17 +309,21 @@ def change_checks(table_identifier: str, streams: list[StreamSpec]) -> list[Tabl
     ]
 
 
-def check_job(table_identifier: str, streams: list[StreamSpec]):
-    """A job that runs only the table's blocking checks, on its current snapshot, whoever committed
-    it: what ``lakehouse check`` runs (no Spark, no commit)."""
-    asset_key = names.table_key(table_identifier)
+def check_job(group: CommitGroup):  # -> UnresolvedAssetJobDefinition, not exported by dagster
+    """A job that runs only the blocking checks of the group's tables, on their current snapshots,
+    whoever committed them: what ``lakehouse check`` runs (no Spark, no commit; run config
+    ``tables`` of the committer's op narrows it)."""
     return dg.define_asset_job(
-        names.check_job_name(table_identifier),
+        group.check_job_name,
         selection=dg.AssetSelection.checks(
-            *(dg.AssetCheckKey(asset_key, name) for name in blocking_check_names(streams))
+            *(
+                dg.AssetCheckKey(names.table_key(table), name)
+                for table, streams in group.tables.items()
+                for name in blocking_check_names(streams)
+            )
         ),
         # The job's default run config, which the run config a launch gives is merged into.
         config={"resources": {"lakehouse": {"config": {"check_current_snapshot": True}}}},
-        tags={names.TABLE_TAG: table_identifier, names.RUN_KIND_TAG: "check"},
-        description=f"Run the blocking checks of {table_identifier} on its current snapshot.",
+        tags=group.run_tags(list(group.tables)) | {names.RUN_KIND_TAG: "check"},
+        description=f"Run the blocking checks of {group.label} on the current snapshots.",
     )

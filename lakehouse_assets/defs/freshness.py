@@ -1,42 +1,35 @@
-"""Per table (per router for the tables it feeds), a job that evaluates only the freshness check,
-scheduled so a stalled pipeline is noticed even when nothing commits."""
+"""Per commit group, a job that evaluates only the freshness check of its tables, scheduled so a
+stalled pipeline is noticed even when nothing commits."""
 
 import dagster as dg
 
-from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.defs import names
+from lakehouse_assets.defs.commit_groups import CommitGroup
 
 FRESHNESS_CRON = "*/5 * * * *"
 
 
-def freshness_job(table_identifier: str):
-    """A job that runs only the table's freshness check (no Spark, no commit)."""
-    check = dg.AssetCheckKey(names.table_key(table_identifier), names.FRESHNESS_CHECK)
+def freshness_job(group: CommitGroup):  # -> UnresolvedAssetJobDefinition, not exported by dagster
+    """A job that runs only the freshness check of the group's tables (no Spark, no commit)."""
     return dg.define_asset_job(
-        names.freshness_job_name(table_identifier),
-        selection=dg.AssetSelection.checks(check),
+        group.freshness_job_name,
+        selection=dg.AssetSelection.checks(
+            *(dg.AssetCheckKey(names.table_key(table), names.FRESHNESS_CHECK) for table in group.tables)
+        ),
         tags={names.RUN_KIND_TAG: "freshness", names.PRIORITY_TAG: str(names.BACKGROUND_PRIORITY)},
-        description=f"Evaluate {names.FRESHNESS_CHECK} of {table_identifier} (each stream's lag against max_lag).",
+        description=f"Evaluate {names.FRESHNESS_CHECK} of {group.label} (each stream's lag against max_lag).",
     )
 
 
-def freshness_schedules(config: LakehouseConfig) -> list[dg.ScheduleDefinition]:
-    """Every five minutes, per table (per router for the tables it feeds), evaluate the freshness check."""
-    jobs = {
-        names.freshness_schedule_name(table): names.freshness_job_name(table)
-        for table in config.tables
-        if config.router_of(table) is None
-    }
-    for router in config.routers():
-        if config.routed_tables(router.name):
-            jobs[names.routed_freshness_schedule_name(router.name)] = names.routed_freshness_job_name(router.name)
+def freshness_schedules(groups: list[CommitGroup]) -> list[dg.ScheduleDefinition]:
+    """Every five minutes, per commit group, evaluate the freshness check of its tables."""
     return [
         dg.ScheduleDefinition(
-            name=name,
-            job_name=job_name,
+            name=group.freshness_schedule_name,
+            job_name=group.freshness_job_name,
             cron_schedule=FRESHNESS_CRON,
             execution_timezone="UTC",
             default_status=dg.DefaultScheduleStatus.RUNNING,
         )
-        for name, job_name in jobs.items()
+        for group in groups
     ]

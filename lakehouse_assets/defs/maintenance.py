@@ -1,11 +1,12 @@
-"""Per table, a maintenance job (in the table's commit pool) and its schedule; per router, one
-job and schedule for all the tables it feeds."""
+"""Per commit group, a maintenance job for its tables and its schedule."""
 
 import dagster as dg
 
-from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.defs import names
+from lakehouse_assets.defs.commit_groups import CommitGroup
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.errors import describe_error
 from lakehouse_assets.ops.maintenance import MaintenanceStep, maintain_table
 from lakehouse_assets.quality.table_stats import table_stats
 
@@ -33,71 +34,52 @@ def _maintain(
     context.log_event(dg.AssetObservation(asset_key=names.table_key(table_identifier), metadata=metadata))
 
 
-def _maintenance_tags(table_identifier: str | None = None) -> dict[str, str]:
-    table = {names.TABLE_TAG: table_identifier} if table_identifier else {}
-    return table | {names.RUN_KIND_TAG: "maintenance", names.PRIORITY_TAG: str(names.BACKGROUND_PRIORITY)}
-
-
-def maintenance_job(table_identifier: str) -> dg.JobDefinition:
-    """Compaction, manifest rewrite, snapshot expiry with a recovery checkpoint, orphan-file
-    removal and landing retention for ``table_identifier``; observes the table's figures after."""
-
-    @dg.op(
-        name=names.maintenance_op_name(table_identifier),
-        pool=names.commit_pool(table_identifier),
-        description=f"Maintain {table_identifier} and its dead-letter table, holding the table's commit slot.",
-    )
-    def maintain(context: dg.OpExecutionContext, lakehouse: LakehouseResource, spark: SparkResource) -> None:
-        _maintain(context, lakehouse, spark, table_identifier)
-
-    @dg.job(
-        name=names.maintenance_job_name(table_identifier),
-        description=f"Table maintenance for {table_identifier}; scheduled, or launch it on demand.",
-        tags=_maintenance_tags(table_identifier),
-    )
-    def _job() -> None:
-        maintain()
-
-    return _job
-
-
-class RoutedMaintenanceConfig(dg.Config):
-    """Which of the router's tables to maintain: by default all of them."""
+class MaintenanceConfig(dg.Config):
+    """Which of the group's tables to maintain: by default all of them."""
 
     tables: list[str] = []
 
 
-def routed_maintenance_job(router: StreamSpec, tables: list[str]) -> dg.JobDefinition:
-    """Maintenance of every table ``router`` feeds in one run and one Spark session, table by
-    table; a table whose maintenance fails is logged and the others go on (the run fails at the end)."""
+def maintenance_job(group: CommitGroup) -> dg.JobDefinition:
+    """Compaction, manifest rewrite, snapshot expiry with a recovery checkpoint, orphan-file
+    removal and landing retention for each table of ``group``, in one run and one Spark session,
+    table by table; observes each table's figures after. A table whose maintenance fails is logged
+    and the others go on (the run fails at the end)."""
 
-    # Not in the tables' shared commit pool: a long pass over hundreds of tables would hold every
-    # commit back. Each table is maintained under its own commit lock (``maintain_table``), so a
-    # commit waits at most for the one table being maintained.
+    # Each table is maintained under its own commit lock (``maintain_table``), so a commit waits at
+    # most for the one table being maintained. A table alone also holds its committer's pool; a
+    # router's pass over hundreds of tables does not, or it would hold all their commits back.
     @dg.op(
-        name=names.routed_maintenance_op_name(router.name),
-        description=f"Maintain the tables stream {router.name} routes to, each under its commit lock.",
+        name=group.maintenance_op_name,
+        pool=None if group.router else group.pool,
+        description=f"Maintain {group.label} and the dead-letter tables, each under its commit lock.",
     )
     def maintain(
         context: dg.OpExecutionContext,
-        config: RoutedMaintenanceConfig,
+        config: MaintenanceConfig,
         lakehouse: LakehouseResource,
         spark: SparkResource,
     ) -> None:
-        failed = []
-        for table_identifier in config.tables or tables:
+        unknown = sorted(set(config.tables) - set(group.tables))
+        if unknown:
+            raise dg.Failure(f"tables: {', '.join(unknown)} are not among {group.label}")
+        failed: dict[str, Exception] = {}
+        for table_identifier in config.tables or group.tables:
             try:
                 _maintain(context, lakehouse, spark, table_identifier)
             except Exception as error:  # noqa: BLE001 - one table's failure must not hold the others back
-                context.log.error(f"{table_identifier}: maintenance failed: {error}")
-                failed.append(table_identifier)
+                context.log.error(f"{table_identifier}: maintenance failed: {describe_error(error)}")
+                failed[table_identifier] = error
         if failed:
-            raise dg.Failure(f"maintenance failed for {len(failed)} tables: {', '.join(failed)}")
+            raise dg.Failure(f"maintenance failed for {len(failed)} tables: {', '.join(failed)}") from next(
+                iter(failed.values())
+            )
 
     @dg.job(
-        name=names.routed_maintenance_job_name(router.name),
-        description=f"Table maintenance for the tables stream {router.name} routes to; scheduled, or on demand.",
-        tags=_maintenance_tags(),
+        name=group.maintenance_job_name,
+        description=f"Table maintenance for {group.label}; scheduled, or launch it on demand.",
+        tags=group.run_tags(list(group.tables))
+        | {names.RUN_KIND_TAG: "maintenance", names.PRIORITY_TAG: str(names.BACKGROUND_PRIORITY)},
     )
     def _job() -> None:
         maintain()
@@ -105,32 +87,19 @@ def routed_maintenance_job(router: StreamSpec, tables: list[str]) -> dg.JobDefin
     return _job
 
 
-def maintenance_schedules(config: LakehouseConfig) -> list[dg.ScheduleDefinition]:
-    """A schedule per table whose maintenance has a ``schedule`` (cron, UTC); one per router for
-    the tables it feeds."""
+def maintenance_schedules(config: LakehouseConfig, groups: list[CommitGroup]) -> list[dg.ScheduleDefinition]:
+    """A schedule per commit group whose tables' maintenance has a ``schedule`` (cron, UTC)."""
     schedules = []
-    for table_identifier in config.tables:
-        cron = config.maintenance(table_identifier).schedule
-        if cron and config.router_of(table_identifier) is None:
-            name = names.maintenance_schedule_name(table_identifier)
-            schedules.append(_schedule(name, names.maintenance_job_name(table_identifier), cron))
-    for router in config.routers():
-        if router.maintenance.schedule and config.routed_tables(router.name):
+    for group in groups:
+        cron = config.maintenance(next(iter(group.tables))).schedule
+        if cron:
             schedules.append(
-                _schedule(
-                    names.routed_maintenance_schedule_name(router.name),
-                    names.routed_maintenance_job_name(router.name),
-                    router.maintenance.schedule,
+                dg.ScheduleDefinition(
+                    name=group.maintenance_schedule_name,
+                    job_name=group.maintenance_job_name,
+                    cron_schedule=cron,
+                    execution_timezone="UTC",
+                    default_status=dg.DefaultScheduleStatus.RUNNING,
                 )
             )
     return schedules
-
-
-def _schedule(name: str, job_name: str, cron: str) -> dg.ScheduleDefinition:
-    return dg.ScheduleDefinition(
-        name=name,
-        job_name=job_name,
-        cron_schedule=cron,
-        execution_timezone="UTC",
-        default_status=dg.DefaultScheduleStatus.RUNNING,
-    )

@@ -1,10 +1,11 @@
 """The published asset of a ``publish: audit`` table (its main branch), the job that publishes it
 after a fix, and the job that discards what its audit branch holds.
 
-The committer's run materializes the table (a commit to the audit branch), runs its blocking
-checks on that snapshot, then materializes ``<table>/published``: Dagster skips it when a blocking
-check fails. It also verifies the checks itself, in the instance, so materializing it on its own
-can never publish a snapshot that was not checked.
+The committer's run materializes the table (a commit to the audit branch), evaluates its checks
+on that snapshot, then materializes ``<table>/published``: Dagster skips it when a blocking check
+failed, which fails the committer's step (in the publish job, the check step). It also verifies
+the checks itself, in the instance, so materializing it on its own can never publish a snapshot
+that was not checked.
 """
 
 import dagster as dg

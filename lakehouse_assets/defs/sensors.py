@@ -1,10 +1,12 @@
-"""Sensors: landing files -> writer runs (micro-batches), staged batches -> committer runs."""
+"""Sensors: landing files -> writer runs (micro-batches); staged batches or route files -> a
+committer run of their commit group."""
 
 import time
 from typing import NamedTuple
 
 import dagster as dg
 
+from lakehouse_assets.batches.ledger import MintedBatch
 from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.commit.committer import plan_commit, seconds_until_commit_due
 from lakehouse_assets.commit.recovery import committed_state
@@ -12,14 +14,17 @@ from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import StagedBatchConfig
 from lakehouse_assets.defs.check_status import failed_checks
+from lakehouse_assets.defs.commit_groups import CommitGroup
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.engine.spark_host import start_in_background
-from lakehouse_assets.ingest.batch_ledger import MintedBatch
+from lakehouse_assets.fan_in import tables_with_pending_routes
 from lakehouse_assets.ingest.micro_batching import NO_PENDING_EVENTS, mint_next_batch
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.run_states import FAILED, UNFINISHED
 
 MAX_BATCHES_PER_TICK = 16
+MAX_TAG_CHARS = 1000
+"""A run tag's value is cut to this length: a router's run for hundreds of tables names them all otherwise."""
 SENSOR_DAEMON_LOOP_SECONDS = 5
 """The Dagster sensor daemon evaluates sensors at most this often, whatever their interval."""
 WRITER_RETRY_BACKOFF_SECONDS = 5.0
@@ -227,52 +232,76 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
     return _sensor
 
 
-def staged_batches_sensor(table_identifier: str, streams: list[StreamSpec]) -> dg.SensorDefinition:
-    """Requests a committer run when staged batches are ready and ``commit_interval`` has passed."""
+def committer_sensor(group: CommitGroup) -> dg.SensorDefinition:
+    """Requests one committer run for the group's tables that have work and whose
+    ``commit_interval`` has passed, selecting just those tables; none while a writer or committer
+    run of the group is in progress (it commits them), nor during a backoff after failed runs."""
 
     @dg.sensor(
-        name=names.staged_sensor_name(table_identifier),
-        job_name=names.commit_job_name(table_identifier),
+        name=group.sensor_name,
+        job_name=group.commit_job_name,
         minimum_interval_seconds=5,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Launches the committer of {table_identifier} when staged batches are ready.",
+        description=f"Launches the committer of {group.label} when there is something to commit.",
     )
     def _sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource) -> dg.RunRequest | dg.SkipReason:
         lake = lakehouse.lake()
-        table = lake.table(table_identifier)
-        ready: dict[str, int] = {}
-        state = audit_state(table) if lake.config.audits(table_identifier) else None
-        if state and state.awaiting_publish:
-            failed = failed_checks(context.instance, table_identifier, streams, state.audit)
-            if failed:
-                return dg.SkipReason(
-                    f"publishing stopped: {', '.join(failed)} failed on audited snapshot {state.audit}; fix and run "
-                    f"{names.publish_job_name(table_identifier)}, or discard (`lakehouse audit discard`)"
-                )
-            ready["audit branch, to check and publish"] = len(state.unpublished)
-        for stream in streams:
-            ledger = lake.ledger(stream.name)
-            plan = plan_commit(ledger, stream.name, committed_state(table, stream.name).sequence)
-            if plan.ready or plan.recovered:
-                ready[stream.name] = len(plan.ready)
-        if not ready:
-            return dg.SkipReason("no staged batches are ready to commit")
-        if lakehouse.until_idle:
-            return dg.RunRequest(tags={names.TABLE_TAG: table_identifier})
-        wait = seconds_until_commit_due(table, streams)
-        if wait > 0:
-            return dg.SkipReason(f"commit_interval: {wait:.1f}s until the next commit")
-        # Committers are serialised by the table lock and fence each other, so this only avoids
-        # piling up runs; dagster.yaml's run monitoring fails runs whose process died. A writer run
-        # in progress commits what is staged itself once it has staged its batch.
-        jobs = [names.commit_job_name(table_identifier), *(names.stage_job_name(s.name) for s in streams)]
-        busy = run_in_progress(context.instance, jobs)
-        if busy:
-            return dg.SkipReason(f"run {busy.run_id} of {busy.job_name} is in progress and commits when it can")
-        backoff = committer_backoff(context.instance, names.commit_job_name(table_identifier))
-        if backoff:
-            return dg.SkipReason(backoff)
-        summary = ", ".join(f"{name}: {count} batches" for name, count in ready.items())
-        return dg.RunRequest(tags={names.TABLE_TAG: table_identifier, "lakehouse/ready": summary})
+        work = _committer_work(context.instance, lake, group)
+        if isinstance(work, dg.SkipReason):
+            return work
+        due = list(work)
+        if not lakehouse.until_idle:
+            # Committers are serialised by the table locks and fence each other, so this only
+            # avoids piling up runs; dagster.yaml's run monitoring fails runs whose process died.
+            # A writer run in progress commits what is staged itself once it has staged its batch.
+            busy = run_in_progress(context.instance, [group.commit_job_name, *group.writer_job_names])
+            if busy:
+                return dg.SkipReason(f"run {busy.run_id} of {busy.job_name} is in progress and commits when it can")
+            backoff = committer_backoff(context.instance, group.commit_job_name)
+            if backoff:
+                return dg.SkipReason(backoff)
+            waits = {table: seconds_until_commit_due(lake.table(table), group.tables[table]) for table in work}
+            due = [table for table, wait in waits.items() if wait <= 0]
+            if not due:
+                return dg.SkipReason(f"commit_interval: {min(waits.values()):.1f}s until the next commit is due")
+        summary = "; ".join(f"{table}: {what}" for table, what in work.items() if table in due)
+        return dg.RunRequest(
+            asset_selection=group.committed_keys(due),
+            asset_check_keys=[],  # the run evaluates the checks of what it commits (``defs.committer``)
+            tags=group.run_tags(due) | {"lakehouse/ready": summary[:MAX_TAG_CHARS]},
+        )
 
     return _sensor
+
+
+def _committer_work(
+    instance: dg.DagsterInstance, lake: Lakehouse, group: CommitGroup
+) -> dict[str, str] | dg.SkipReason:
+    """Per table of the group with something to commit, what; or why there is nothing. A router's
+    tables have work when route files wait for them (``fan_in.tables_with_pending_routes``);
+    another table when a stream has staged batches ready, or its audit branch holds a snapshot to
+    check and publish (not while a check failed on it: that waits for the operator)."""
+    if group.router:
+        pending = tables_with_pending_routes(lake.paths, group.router, list(group.tables))
+        return {table: "routes" for table in pending} or dg.SkipReason("no routed table has routes to commit")
+    table_identifier = group.only_table
+    streams = group.tables[table_identifier]
+    table = lake.table(table_identifier)
+    ready: dict[str, int] = {}
+    state = audit_state(table) if lake.config.audits(table_identifier) else None
+    if state and state.awaiting_publish:
+        failed = failed_checks(instance, table_identifier, streams, state.audit)
+        if failed:
+            return dg.SkipReason(
+                f"publishing stopped: {', '.join(failed)} failed on audited snapshot {state.audit}; fix and run "
+                f"{names.publish_job_name(table_identifier)}, or discard (`lakehouse audit discard`)"
+            )
+        ready["audit branch, to check and publish"] = len(state.unpublished)
+    for stream in streams:
+        ledger = lake.ledger(stream.name)
+        plan = plan_commit(ledger, stream.name, committed_state(table, stream.name).sequence)
+        if plan.ready or plan.recovered:
+            ready[stream.name] = len(plan.ready)
+    if not ready:
+        return dg.SkipReason("no staged batches are ready to commit")
+    return {table_identifier: ", ".join(f"{name}: {count} batches" for name, count in ready.items())}

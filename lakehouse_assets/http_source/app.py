@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from lakehouse_assets.batches.landing import landing_dir
 from lakehouse_assets.config import HttpServerSpec, StreamSpec
 from lakehouse_assets.env_references import resolve_env_references
 from lakehouse_assets.http_source.backlog import uncommitted_landing_bytes
@@ -28,7 +29,6 @@ from lakehouse_assets.http_source.metrics import UNKNOWN_STREAM, HttpMetrics
 from lakehouse_assets.http_source.openapi import openapi_document
 from lakehouse_assets.http_source.refusals import Refused
 from lakehouse_assets.http_source.request_body import decoded, event_lines, read_body
-from lakehouse_assets.ingest.landing import landing_dir
 from lakehouse_assets.lakehouse import Lakehouse
 
 LOG = logging.getLogger("lakehouse.http")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from lakehouse_assets.batches.landing import landing_dir, list_landing_files
+from lakehouse_assets.batches.ledger import StreamLedger
 from lakehouse_assets.config import StreamSpec
-from lakehouse_assets.ingest.batch_ledger import StreamLedger
-from lakehouse_assets.ingest.landing import landing_dir, list_landing_files
 from lakehouse_assets.paths import LakehousePaths
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lakehouse_assets import faults
+from lakehouse_assets.batches.landing import fsync_directory, new_landing_name, temporary_name, write_landing_file
 from lakehouse_assets.config import MAX_LANDING_FILE_BYTES
 from lakehouse_assets.http_source.idempotency import Acknowledgement, IdempotencyJournal
-from lakehouse_assets.ingest.landing import fsync_directory, new_landing_name, temporary_name, write_landing_file
 
 
 @dataclass

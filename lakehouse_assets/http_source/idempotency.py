@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lakehouse_assets.ingest.landing import HTTP_MARK, fsync_directory, temporary_name
+from lakehouse_assets.batches.landing import HTTP_MARK, fsync_directory, temporary_name
 
 LOG = logging.getLogger("lakehouse.http")
 

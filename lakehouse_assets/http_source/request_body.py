@@ -9,10 +9,10 @@ import zlib
 
 from starlette.requests import ClientDisconnect, Request
 
+from lakehouse_assets.batches.landing import validated_lines
 from lakehouse_assets.config import MAX_LANDING_FILE_BYTES, HttpServerSpec
 from lakehouse_assets.errors import IngestError
 from lakehouse_assets.http_source.refusals import Refused
-from lakehouse_assets.ingest.landing import validated_lines
 
 JSON_TYPE = "application/json"
 # Decompressed in steps of this many bytes, so a gzip bomb is cut off at the limit, not after.

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from lakehouse_assets.batches.staged_format import DELETE, OPERATION_BY_NAME, UPSERT
 from lakehouse_assets.config import OPERATION_POINTER, StreamSpec
-from lakehouse_assets.ingest.staged_format import DELETE, OPERATION_BY_NAME, UPSERT
 
 SOURCE_POSITION_FIELDS = ("lsn", "file", "pos", "row")
 

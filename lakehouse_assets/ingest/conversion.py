@@ -46,11 +46,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lakehouse_assets.config import SOURCE_POSITION_COLUMN, StreamSpec
-from lakehouse_assets.errors import LakehouseError
-from lakehouse_assets.ingest.change_events import EventShape, event_shape
-from lakehouse_assets.ingest.landing_reader import BATCH_COLUMN, BYTE_ORDER_MARK
-from lakehouse_assets.ingest.staged_format import (
+from lakehouse_assets.batches.staged_format import (
     DELETE,
     EVENT_COLUMN,
     LINE_COLUMN,
@@ -59,6 +55,10 @@ from lakehouse_assets.ingest.staged_format import (
     REASON_COLUMN,
     SOURCE_FILE_COLUMN,
 )
+from lakehouse_assets.config import SOURCE_POSITION_COLUMN, StreamSpec
+from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.ingest.change_events import EventShape, event_shape
+from lakehouse_assets.ingest.landing_reader import BATCH_COLUMN, BYTE_ORDER_MARK
 
 ICEBERG_TYPE = "iceberg_type"
 UUID_TEXT = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\z"

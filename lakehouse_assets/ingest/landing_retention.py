@@ -14,10 +14,10 @@ from typing import Any
 
 from pyiceberg.table import Table
 
+from lakehouse_assets.batches.landing import landing_dir
+from lakehouse_assets.batches.ledger import StreamLedger
 from lakehouse_assets.commit.recovery import table_history
 from lakehouse_assets.config import StreamSpec
-from lakehouse_assets.ingest.batch_ledger import StreamLedger
-from lakehouse_assets.ingest.landing import landing_dir
 from lakehouse_assets.paths import LakehousePaths
 
 

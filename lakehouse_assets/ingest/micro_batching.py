@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 from pyiceberg.table import Table
 
+from lakehouse_assets.batches.landing import LandingFile, landing_dir, list_landing_files
+from lakehouse_assets.batches.ledger import MintedBatch, StreamLedger
 from lakehouse_assets.commit.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH, committed_landing_files, committed_state
 from lakehouse_assets.config import StreamSpec
-from lakehouse_assets.ingest.batch_ledger import MintedBatch, StreamLedger
-from lakehouse_assets.ingest.landing import LandingFile, landing_dir, list_landing_files
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 

@@ -24,15 +24,15 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lakehouse_assets.errors import LakehouseError
-from lakehouse_assets.ingest.landing_reader import valid_text
-from lakehouse_assets.ingest.staged_format import (
+from lakehouse_assets.batches.staged_format import (
     EVENT_COLUMN,
     LINE_COLUMN,
     OPERATION_COLUMN,
     REASON_COLUMN,
     SOURCE_FILE_COLUMN,
 )
+from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.ingest.landing_reader import valid_text
 
 SPARK_ERRORS = (Py4JJavaError, PySparkException)
 """What a failed Spark job raises in PySpark."""

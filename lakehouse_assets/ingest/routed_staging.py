@@ -26,14 +26,14 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from lakehouse_assets import faults
+from lakehouse_assets.batches.ledger import EVENTS_DIR, BatchRecord
 from lakehouse_assets.config import ColumnSpec, StreamSpec
 from lakehouse_assets.errors import describe_error
 from lakehouse_assets.faults import crash_point
-from lakehouse_assets.ingest.batch_ledger import EVENTS_DIR, BatchRecord
 from lakehouse_assets.ingest.conversion import convert_events
 from lakehouse_assets.ingest.inference import SAMPLE_EVENTS, infer_columns
 from lakehouse_assets.ingest.landing_reader import BATCH_COLUMN, read_landing_lines
-from lakehouse_assets.ingest.staged_rows import staged_events
+from lakehouse_assets.ingest.staged_events import staged_events
 from lakehouse_assets.ingest.staging import (
     StagingSchema,
     batch_figures,

@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from lakehouse_assets.batches.staged_format import EVENT_COLUMN
 from lakehouse_assets.catalog.iceberg_types import (
     FIELD_NAME,
     parse_type,
@@ -27,7 +28,6 @@ from lakehouse_assets.catalog.iceberg_types import (
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.ingest.change_events import event_shape
 from lakehouse_assets.ingest.inference import infer_type
-from lakehouse_assets.ingest.staged_format import EVENT_COLUMN
 from lakehouse_assets.source.iceberg_source import METADATA_FIELDS
 
 

@@ -29,6 +29,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakehouse_assets import faults
+from lakehouse_assets.batches.landing import landing_dir
+from lakehouse_assets.batches.ledger import EVENTS_DIR, BatchRecord, StagedBatch, StreamLedger
+from lakehouse_assets.batches.staged_format import DELETE, EVENT_COLUMN, OPERATION_COLUMN, REASON_COLUMN
 from lakehouse_assets.catalog.staged_snapshots import allow_staged_snapshots, staged_snapshot_id, write_staged
 from lakehouse_assets.catalog.table_metadata import is_hadoop_catalog, qualified_name
 from lakehouse_assets.catalog.tables import ensure_table, identifier_columns
@@ -36,16 +39,13 @@ from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.config import ColumnSpec, StreamSpec
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.faults import crash_point
-from lakehouse_assets.ingest.batch_ledger import EVENTS_DIR, BatchRecord, StagedBatch, StreamLedger
 from lakehouse_assets.ingest.conversion import convert_events, convert_parsed_events, row_fields, with_iceberg_types
 from lakehouse_assets.ingest.inference import SAMPLE_EVENTS, infer_columns
-from lakehouse_assets.ingest.landing import landing_dir
 from lakehouse_assets.ingest.landing_reader import read_landing_lines
 from lakehouse_assets.ingest.parsed_lines import read_parsed_events
 from lakehouse_assets.ingest.quarantine import SPARK_ERRORS, isolate_failing_lines, quarantined_events, without_failing
 from lakehouse_assets.ingest.schema_evolution import new_columns, with_new_columns
-from lakehouse_assets.ingest.staged_format import DELETE, EVENT_COLUMN, OPERATION_COLUMN, REASON_COLUMN
-from lakehouse_assets.ingest.staged_rows import staged_events
+from lakehouse_assets.ingest.staged_events import staged_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.source.iceberg_source import source_columns
@@ -324,3 +324,9 @@ def record_attempt(
     winner = ledger.require(record.sequence).staged_batch
     ledger.remove_attempts(record.sequence, keep=winner.attempt)
     return StagingOutcome(winner, False, tuple(minted.files), minted.bytes)
+
+
+def stage_again(spark: SparkSession, lake: Lakehouse, stream: StreamSpec, sequence: int, run_id: str) -> None:
+    """Stage batch ``sequence`` again from its landing files, as Parquet, for a committer pass that
+    holds the table's lock and found its staged data gone (``commit.committer.StageAgain``)."""
+    stage_batch(spark, lake, stream, sequence, run_id=run_id, into_table=False)

@@ -21,6 +21,7 @@ from pyiceberg.table.snapshots import Snapshot, ancestors_of
 from pyspark.sql import SparkSession
 
 from lakehouse_assets import faults
+from lakehouse_assets.batches.landing import landing_dir, list_landing_files
 from lakehouse_assets.catalog.conditional_commits import set_property_if_unchanged
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.catalog.tables import CATALOG_NAME
@@ -34,7 +35,6 @@ from lakehouse_assets.config import CompactionSpec, ExpirySpec, MaintenanceSpec,
 from lakehouse_assets.engine.jvm import jvm as spark_jvm
 from lakehouse_assets.errors import TableMovedError
 from lakehouse_assets.faults import crash_point
-from lakehouse_assets.ingest.landing import landing_dir, list_landing_files
 from lakehouse_assets.ingest.landing_retention import remove_committed_landing_files
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths

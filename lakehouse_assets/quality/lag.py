@@ -6,9 +6,9 @@ import time
 
 from pyiceberg.table import Table
 
+from lakehouse_assets.batches.ledger import StreamLedger
 from lakehouse_assets.commit.recovery import committed_state
 from lakehouse_assets.config import StreamSpec
-from lakehouse_assets.ingest.batch_ledger import StreamLedger
 from lakehouse_assets.ingest.micro_batching import pending_files
 from lakehouse_assets.paths import LakehousePaths
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from pyiceberg.table.snapshots import ancestors_of
 
+from lakehouse_assets.batches.landing import landing_dir, list_landing_files
+from lakehouse_assets.batches.staged_format import DELETE, OPERATION_BY_NAME
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier, replayed_keys
 from lakehouse_assets.commit.recovery import committed_landing_files, committed_state, lakehouse_commits
-from lakehouse_assets.ingest.landing import landing_dir, list_landing_files
-from lakehouse_assets.ingest.staged_format import DELETE, OPERATION_BY_NAME
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.quality import checks
 from lakehouse_assets.quality.duck import iceberg_connection, manifest_entries, scan

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from lakehouse_assets import cli, faults
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.config_loader import CONFIG_ENV
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import HOME_ENV, STORAGE_ROOT_ENV
 from lakehouse_assets_tests.postgres_server import TEST_JVM_CLASS_PATH_ENV

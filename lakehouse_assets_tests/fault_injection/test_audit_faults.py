@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from lakehouse_assets import faults
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.commit.branches import audit_state
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets_tests.fault_injection.conftest import committed_first_round, restored_first_round
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from lakehouse_assets import faults
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.engine.spark import DRIVER_MEMORY_ENV, MASTER_ENV
-from lakehouse_assets.ingest.landing import land_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import STORAGE_ROOT_ENV
 from lakehouse_assets.quality.duck import iceberg_connection, scan

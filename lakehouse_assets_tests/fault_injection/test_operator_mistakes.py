@@ -16,6 +16,8 @@ from dagster._core.storage import tags as dagster_tags
 
 import lakehouse_assets
 from lakehouse_assets import faults
+from lakehouse_assets.batches.landing import landing_dir, list_landing_files
+from lakehouse_assets.batches.ledger import BATCH_FILE, MintedBatch, StreamLedger
 from lakehouse_assets.catalog.conditional_commits import set_property_if_unchanged
 from lakehouse_assets.catalog.table_metadata import VERSION_HINT
 from lakehouse_assets.commit.dead_letters import replayed_keys, sidecar_path
@@ -28,8 +30,6 @@ from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.defs.sensors import unstaged_batch_request, writer_retry_backoff
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.errors import BatchConflictError
-from lakehouse_assets.ingest.batch_ledger import BATCH_FILE, MintedBatch, StreamLedger
-from lakehouse_assets.ingest.landing import landing_dir, list_landing_files
 from lakehouse_assets.runner import IN_PROCESS_SPARK, run_job, run_until_idle
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import land_round, run_pipeline, start_lakehouse_process

@@ -1,5 +1,5 @@
-"""The rows a writer stages and the committer reads back: what one pass keeps of a batch, the rows
-it publishes to the table and the events it sends to the dead letters."""
+"""The rows the committer reads back from a staged batch: the rows it publishes to the table
+and the events it sends to the dead letters (the writer's side is ``ingest.staged_events``)."""
 
 from __future__ import annotations
 
@@ -7,34 +7,13 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lakehouse_assets.ingest.change_events import collapse_changes
-from lakehouse_assets.ingest.landing_reader import valid_text
-from lakehouse_assets.ingest.staged_format import (
+from lakehouse_assets.batches.staged_format import (
     EVENT_COLUMN,
     LINE_COLUMN,
     OPERATION_COLUMN,
-    POSITION_COLUMN,
     REASON_COLUMN,
     SOURCE_FILE_COLUMN,
 )
-
-
-def staged_events(converted: DataFrame, table_schema: T.StructType, identifier_columns: list[str]) -> DataFrame:
-    """What a writer stages in one pass: the converted columns and operation of every kept event,
-    plus reason, original text, file and line for the rejected ones (NULL for good rows).
-
-    With identifier columns, a key's changes are first collapsed to their net effect.
-    """
-    accepted = F.col(REASON_COLUMN).isNull()
-    if identifier_columns:
-        converted = collapse_changes(converted, identifier_columns, OPERATION_COLUMN, POSITION_COLUMN, accepted)
-    return converted.select(
-        *[F.col(f"`{field.name}`") for field in table_schema],
-        F.col(OPERATION_COLUMN),
-        F.col(REASON_COLUMN),
-        F.when(~accepted, valid_text(F.col(EVENT_COLUMN))).alias(EVENT_COLUMN),
-        *[F.when(~accepted, F.col(name)).alias(name) for name in (SOURCE_FILE_COLUMN, LINE_COLUMN)],
-    )
 
 
 def accepted_rows(staged: DataFrame, table_schema: T.StructType) -> DataFrame:

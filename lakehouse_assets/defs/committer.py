@@ -1,0 +1,336 @@
+"""The committer of a commit group: one multi-asset and one job for all the group's tables.
+
+Each table stays its own asset, with its commits, checks and lineage in the UI. One step commits
+the selected tables that have work, each in its own Iceberg commit (its own lock, summary keys,
+fence and recovery), two at a time in one process and one Spark session, and evaluates each
+commit's checks on the snapshot it committed. A table whose commit or blocking check fails is
+reported on that table; the others go on, and the step fails at the end naming it. With only
+checks selected (``lakehouse check``, the freshness and publish jobs, the UI), it checks the
+tables' current or last materialized snapshots.
+"""
+
+from collections.abc import Iterator
+from functools import partial
+
+import dagster as dg
+
+from lakehouse_assets.commit.branches import AuditState
+from lakehouse_assets.commit.committer import CommitOutcome, seconds_until_commit_due
+from lakehouse_assets.commit.recovery import AUDIT_BRANCH
+from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.defs import names
+from lakehouse_assets.defs.check_status import failed_checks
+from lakehouse_assets.defs.checks import CheckTarget, TableCheck, checked_target, table_check_registry
+from lakehouse_assets.defs.commit_groups import CommitGroup
+from lakehouse_assets.defs.commit_reports import (
+    log_commit_pass,
+    report_commit_pass,
+    run_ranges,
+    sequence_gap_evaluation,
+)
+from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.errors import SequenceGapError, describe_error
+from lakehouse_assets.fan_in import commit_concurrently, stage_routed_tables, tables_with_pending_routes
+from lakehouse_assets.quality import checks
+from lakehouse_assets.table_commits import commit_table
+
+
+class CommitGroupConfig(dg.Config):
+    """Which of the group's tables a run works on: by default every table it selects."""
+
+    tables: list[str] = []
+
+
+class _Failures:
+    """The tables of a step that failed, with why; the step fails at the end naming them all."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+        self.first_error: Exception | None = None
+
+    def add(self, table: str, reason: object, error: Exception | None = None) -> None:
+        self.reasons.append(f"{table}: {reason}")
+        self.first_error = self.first_error or error
+
+    def raise_any(self) -> None:
+        if not self.reasons:
+            return
+        summary = "; ".join(self.reasons)
+        if len(self.reasons) > 1:
+            summary = f"{len(self.reasons)} tables failed: {summary}"
+        raise dg.Failure(summary) from self.first_error
+
+
+def committer_asset(group: CommitGroup) -> dg.AssetsDefinition:
+    """The committer of ``group``: stages a router's pending routes, commits each selected table
+    with ready batches and evaluates its checks on the snapshot it committed; with only checks
+    selected, evaluates them on the snapshot a check reads (``checks.checked_target``)."""
+    registry = {table: table_check_registry(table, streams) for table, streams in group.tables.items()}
+    tables_by_key = {names.table_key(table): table for table in group.tables}
+
+    @dg.multi_asset(
+        name=group.op_name,
+        specs=[
+            dg.AssetSpec(
+                names.table_key(table),
+                deps=group.upstream_keys(table),
+                group_name=names.GROUP_NAME,
+                kinds={"iceberg", "spark"},
+                skippable=True,
+                description=f"Iceberg table {table}"
+                + (f", routed by stream `{group.router.name}`" if group.router else "")
+                + "; one materialization per commit.",
+            )
+            for table in group.tables
+        ],
+        can_subset=True,
+        pool=group.pool,
+    )
+    def committer(
+        context: dg.AssetExecutionContext,
+        config: CommitGroupConfig,
+        lakehouse: LakehouseResource,
+        spark: SparkResource,
+    ) -> Iterator[dg.MaterializeResult]:
+        selected = [tables_by_key[key] for key in sorted(context.selected_asset_keys)]
+        failures = _Failures()
+        yield from _commit_and_check(
+            context, lakehouse, spark, group, registry, _wanted(group, config, selected), failures
+        )
+        failures.raise_any()
+
+    return committer
+
+
+def group_checks(group: CommitGroup) -> dg.AssetChecksDefinition:
+    """The checks of the group's tables, in their own step outside the commit pool (a check,
+    freshness or publish job, the UI): each on the snapshot a check run reads
+    (``checks.checked_target``: the current one in a check or publish job, else the last
+    materialized). A committing run evaluates the checks of what it committed itself."""
+    registry = {table: table_check_registry(table, streams) for table, streams in group.tables.items()}
+    tables_by_key = {names.table_key(table): table for table in group.tables}
+
+    @dg.multi_asset_check(
+        name=group.checks_op_name,
+        specs=[
+            dg.AssetCheckSpec(
+                check.name, asset=names.table_key(table), blocking=check.blocking, description=check.description
+            )
+            for table, table_checks in registry.items()
+            for check in table_checks
+        ],
+        can_subset=True,
+    )
+    def table_checks(
+        context: dg.AssetCheckExecutionContext, config: CommitGroupConfig, lakehouse: LakehouseResource
+    ) -> Iterator[dg.AssetCheckResult]:
+        selected = set(context.selected_asset_check_keys)
+        for table in _wanted(group, config, sorted({tables_by_key[check.asset_key] for check in selected})):
+            key = names.table_key(table)
+            target = partial(checked_target, context.instance, lakehouse, table)
+            for check in registry[table]:
+                if dg.AssetCheckKey(key, check.name) in selected:
+                    yield check.result(key, lakehouse, target)
+
+    return table_checks
+
+
+def _wanted(group: CommitGroup, config: CommitGroupConfig, selected: list[str]) -> list[str]:
+    """The selected tables that run config ``tables`` names (all of them when it names none)."""
+    unknown = sorted(set(config.tables) - set(group.tables))
+    if unknown:
+        raise dg.Failure(f"tables: {', '.join(unknown)} are not among {group.label}")
+    return [table for table in selected if not config.tables or table in config.tables]
+
+
+def _commit_and_check(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    spark: SparkResource,
+    group: CommitGroup,
+    registry: dict[str, list[TableCheck]],
+    selected: list[str],
+    failures: _Failures,
+) -> Iterator[dg.MaterializeResult]:
+    """Commit the selected tables that have work, each on its own, reporting each as it lands. A
+    router's tables are staged here first, from their route files; other tables' batches were
+    staged by their writer runs. A writer run commits only what ``commit_interval`` allows."""
+    if not selected:
+        return
+    lake = lakehouse.lake()
+    pending = selected
+    if group.router:
+        pending = tables_with_pending_routes(lake.paths, group.router, selected)
+        if not pending:
+            context.log.info(f"none of the {len(selected)} selected tables has routes to commit")
+            return
+        not_staged = spark.run(lake, stage_routed_tables, group.router, pending, context.run.run_id)
+        for table, error in not_staged.items():
+            context.log.error(f"{table}: staging failed: {error}")
+            failures.add(table, error)
+        pending = [table for table in pending if table not in not_staged]
+        context.log.info(f"staged the routes of {len(pending)} tables; committing them")
+    on_commit_job = context.job_name == group.commit_job_name
+    waits = {table: 0.0 if on_commit_job else commit_due_in(lakehouse, table, group.tables[table]) for table in pending}
+    due = [table for table, wait in waits.items() if wait <= 0]
+    if len(due) < len(waits):
+        # The committer run, which the group's sensor launches once it is due, commits it then.
+        first = min(wait for wait in waits.values() if wait > 0)
+        context.log.info(
+            f"commit_interval: {len(waits) - len(due)} of the tables are not due yet (the first in {first:.1f}s); "
+            "the committer run commits them then"
+        )
+    commit = partial(spark.run, lake, commit_table, run_id=context.run.run_id)
+    for table, outcome in commit_concurrently(commit, due):
+        try:
+            yield from _report_commit(
+                context, lakehouse, table, group.tables[table], registry[table], outcome, failures
+            )
+        except Exception as error:  # noqa: BLE001 - one table's report must not lose the others'
+            context.log.error(f"{table}: reporting its commit failed: {describe_error(error)}")
+            failures.add(table, error, error)
+
+
+def _report_commit(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    table: str,
+    streams: list[StreamSpec],
+    table_checks: list[TableCheck],
+    outcome: CommitOutcome | Exception,
+    failures: _Failures,
+) -> Iterator[dg.MaterializeResult]:
+    """Report one table's committer pass: its commits as materializations and its checks on the
+    snapshot it committed (or on the audited snapshot it reports again)."""
+    key = names.table_key(table)
+    if isinstance(outcome, SequenceGapError):
+        # A gap must be loud: it fails the run, and the sequence check where the UI shows it.
+        context.log_event(sequence_gap_evaluation(key, outcome))
+        failures.add(table, outcome, outcome)
+        return
+    if isinstance(outcome, Exception):
+        context.log.error(f"{table}: commit failed: {describe_error(outcome)}")
+        failures.add(table, outcome, outcome)
+        return
+    if outcome.awaiting_publish:
+        log_commit_pass(context, lakehouse, table, streams, outcome)
+        reported = _awaiting_publish(context, lakehouse, table, streams, outcome.awaiting_publish)
+    else:
+        reported = _committed(context, lakehouse, table, streams, outcome)
+    if reported is None:
+        return
+    materialization, target = reported
+    yield materialization
+    _evaluate_checks(context, lakehouse, table, table_checks, target, failures)
+
+
+def _committed(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    table: str,
+    streams: list[StreamSpec],
+    outcome: CommitOutcome,
+) -> tuple[dg.MaterializeResult, CheckTarget] | None:
+    """The pass's last commit as the step's materialization, with what its checks read: the
+    snapshot it committed and the batches the pass published (None when it committed nothing)."""
+    materialization = report_commit_pass(context, lakehouse, table, streams, outcome)
+    if materialization is None:
+        context.log.info(f"{table}: nothing committed; the table is unchanged")
+        return None
+    last = outcome.results[-1]
+    return materialization, CheckTarget(
+        checks.CommittedSnapshot(last.metadata_location, last.snapshot_id), run_ranges(outcome)
+    )
+
+
+def _evaluate_checks(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    table: str,
+    table_checks: list[TableCheck],
+    target: CheckTarget,
+    failures: _Failures,
+) -> None:
+    """Log the table's checks on ``target``, but those the run has a step for (the UI's
+    materialize with checks: that step evaluates them on this materialization). A committing run
+    does not plan them: planning a check is an event per check and table at run creation, which
+    for hundreds of tables cost more than the checks; and the run evaluates only those of the
+    tables it committed, each on the snapshot it committed."""
+    key = names.table_key(table)
+    planned = context.job_def.asset_layer.asset_graph.asset_check_keys
+    for check in table_checks:
+        if dg.AssetCheckKey(key, check.name) in planned:
+            continue
+        result = check.result(key, lakehouse, target)
+        context.log_event(
+            dg.AssetCheckEvaluation(
+                asset_key=key,
+                check_name=check.name,
+                passed=result.passed,
+                metadata=result.metadata,
+                severity=result.severity,
+                description=result.description,
+            )
+        )
+        if check.blocking and not result.passed:
+            failures.add(table, f"check {check.name} failed: {result.description}")
+
+
+def _awaiting_publish(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    table_identifier: str,
+    streams: list[StreamSpec],
+    state: AuditState,
+) -> tuple[dg.MaterializeResult, CheckTarget] | None:
+    """The audit branch holds commits main does not. When a check failed on them, publishing stays
+    stopped until the user acts (None); otherwise (a run died before its checks or its publish)
+    the audited snapshot is reported again, with what its checks read, so they run and it is published."""
+    failed = failed_checks(context.instance, table_identifier, streams, state.audit)
+    ranges = state.unpublished_ranges()
+    if failed:
+        context.log.warning(
+            f"{table_identifier}: publishing stopped at audited snapshot {state.audit} (batches {ranges}): "
+            + "; ".join(f"{name} {found}" for name, found in failed.items())
+            + f". Later batches stay staged. Fix, then run job {names.publish_job_name(table_identifier)} "
+            f"(or `lakehouse audit publish --table {table_identifier}`), or discard the audited batches with "
+            f"`lakehouse audit discard --table {table_identifier}`"
+        )
+        return None
+    audited = state.audit
+    if audited is None:
+        return None
+    context.log.info(f"{table_identifier}: audited snapshot {audited} is not published yet; checking it again")
+    location = lakehouse.lake().require_table(table_identifier).metadata_location
+    materialization: dg.MaterializeResult = dg.MaterializeResult(
+        asset_key=names.table_key(table_identifier),
+        metadata={
+            "snapshot_id": str(audited),
+            "metadata_location": location,
+            "branch": AUDIT_BRANCH,
+            "reported_again": True,
+            names.RUN_RANGES_METADATA: dg.JsonMetadataValue(ranges),
+        },
+    )
+    return materialization, CheckTarget(checks.CommittedSnapshot(location, audited), ranges)
+
+
+def commit_due_in(lakehouse: LakehouseResource, table_identifier: str, streams: list[StreamSpec]) -> float:
+    """Seconds until ``commit_interval`` lets a writer run commit to the table (0: now)."""
+    if lakehouse.until_idle:
+        return 0.0
+    return seconds_until_commit_due(lakehouse.lake().table(table_identifier), streams)
+
+
+def commit_job(group: CommitGroup):  # -> UnresolvedAssetJobDefinition, not exported by dagster
+    """Commit the group's ready staged batches (a router's pending routes, staged first), check
+    each commit, and publish an audited table's commit when its checks pass. The sensor selects
+    the tables that have work."""
+    audits = any(group.audits(table) for table in group.tables)
+    return dg.define_asset_job(
+        group.commit_job_name,
+        selection=group.committed_selection(),
+        tags={names.RUN_KIND_TAG: "committer", names.PRIORITY_TAG: str(names.COMMITTER_PRIORITY)},
+        description=f"Commit ready staged batches to {group.label}, check each commit"
+        + (", and publish it when the checks pass." if audits else "."),
+    )
