@@ -6,7 +6,9 @@ import pytest
 from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
+from lakehouse_assets.defs.sensors import writer_run_request
 from lakehouse_assets.engine.spark import lakehouse_session
+from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.quality import checks
 from lakehouse_assets.quality.duck import iceberg_connection
 from lakehouse_assets.runner import run_until_idle
@@ -93,3 +95,32 @@ def test_every_check_passes_on_a_healthy_table(committed_orders, lake):
         checks.check_unique_data_files(connection, snapshot),
     ):
         assert outcome.passed, outcome.description
+
+
+def test_a_table_materialized_with_its_checks_as_the_ui_does_is_checked_once_in_the_check_step(
+    committed_orders, lake, instance
+):
+    land_events(lake.paths, lake.stream("orders"), [order_event(i) for i in range(51, 61)])
+    repository = build_definitions(lake.config).get_repository_def()
+    key = names.table_key("sales.orders")
+    checks_of_table = {check for check in repository.asset_graph.asset_check_keys if check.asset_key == key}
+    # The writer stages the batch; the UI's "Materialize" of the table then plans its checks too.
+    staged = repository.get_implicit_global_asset_job_def().get_subset(
+        asset_selection={names.staged_batches_key("orders")}
+    )
+    batch, _ = mint_next_batch(lake, lake.stream("orders"), drain=True)
+    assert staged.execute_in_process(instance=instance, run_config=writer_run_request(batch).run_config).success
+
+    job = repository.get_implicit_global_asset_job_def().get_subset(
+        asset_selection={key}, asset_check_selection=checks_of_table
+    )
+    result = job.execute_in_process(instance=instance, raise_on_error=False)
+
+    assert result.success
+    [materialization] = result.asset_materializations_for_node(key.to_python_identifier())
+    evaluations = result.get_asset_check_evaluations()
+    assert sorted(evaluation.check_name for evaluation in evaluations) == sorted(c.name for c in checks_of_table)
+    blocking = [e for e in evaluations if e.check_name in names.CHECK_NAMES]
+    assert all(
+        e.passed and e.metadata["snapshot_id"].value == materialization.metadata["snapshot_id"].value for e in blocking
+    )
