@@ -1,12 +1,13 @@
-"""The committer of a commit group: one multi-asset and one job for all the group's tables.
+"""The committer of a commit group: one multi-asset, one job and one check step for all the
+group's tables.
 
 Each table stays its own asset, with its commits, checks and lineage in the UI. One step commits
 the selected tables that have work, each in its own Iceberg commit (its own lock, summary keys,
 fence and recovery), two at a time in one process and one Spark session, and evaluates each
 commit's checks on the snapshot it committed. A table whose commit or blocking check fails is
-reported on that table; the others go on, and the step fails at the end naming it. With only
-checks selected (``lakehouse check``, the freshness and publish jobs, the UI), it checks the
-tables' current or last materialized snapshots.
+reported on that table; the others go on, and the step fails at the end naming it. Checks run on
+their own (``lakehouse check``, the freshness and publish jobs, the UI) are the group's check
+step, outside the commit pool, on the tables' current or last materialized snapshots.
 """
 
 from collections.abc import Iterator
@@ -63,8 +64,7 @@ class _Failures:
 
 def committer_asset(group: CommitGroup) -> dg.AssetsDefinition:
     """The committer of ``group``: stages a router's pending routes, commits each selected table
-    with ready batches and evaluates its checks on the snapshot it committed; with only checks
-    selected, evaluates them on the snapshot a check reads (``checks.checked_target``)."""
+    with ready batches and evaluates its checks on the snapshot it committed."""
     registry = {table: table_check_registry(table, streams) for table, streams in group.tables.items()}
     tables_by_key = {names.table_key(table): table for table in group.tables}
 
@@ -286,19 +286,19 @@ def _awaiting_publish(
     """The audit branch holds commits main does not. When a check failed on them, publishing stays
     stopped until the user acts (None); otherwise (a run died before its checks or its publish)
     the audited snapshot is reported again, with what its checks read, so they run and it is published."""
-    failed = failed_checks(context.instance, table_identifier, streams, state.audit)
+    audited = state.audit
+    if audited is None:  # never while commits await publishing
+        return None
+    failed = failed_checks(context.instance, table_identifier, streams, audited)
     ranges = state.unpublished_ranges()
     if failed:
         context.log.warning(
-            f"{table_identifier}: publishing stopped at audited snapshot {state.audit} (batches {ranges}): "
+            f"{table_identifier}: publishing stopped at audited snapshot {audited} (batches {ranges}): "
             + "; ".join(f"{name} {found}" for name, found in failed.items())
             + f". Later batches stay staged. Fix, then run job {names.publish_job_name(table_identifier)} "
             f"(or `lakehouse audit publish --table {table_identifier}`), or discard the audited batches with "
             f"`lakehouse audit discard --table {table_identifier}`"
         )
-        return None
-    audited = state.audit
-    if audited is None:
         return None
     context.log.info(f"{table_identifier}: audited snapshot {audited} is not published yet; checking it again")
     location = lakehouse.lake().require_table(table_identifier).metadata_location
