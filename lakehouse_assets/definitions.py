@@ -23,8 +23,8 @@ from lakehouse_assets.lakehouse import Lakehouse
 def build_definitions(config: LakehouseConfig) -> dg.Definitions:
     """Per stream a writer asset, job (stage, then commit) and landing sensor (and for an Iceberg
     source its change export, search export, job and polling sensor); per commit group (a table
-    alone, or the tables one router feeds: ``defs.commit_groups``) one committer multi-asset with
-    the tables' checks, and its commit, check, freshness and maintenance jobs, sensor and schedules;
+    alone, or the tables one router feeds: ``defs.commit_groups``) one committer multi-asset, one
+    step for the tables' checks, and its commit, check, freshness and maintenance jobs, sensor and schedules;
     per table under ``publish: audit`` also the published asset, publish and discard jobs."""
     assets: list[dg.AssetsDefinition | dg.AssetSpec] = []
     asset_checks: list[dg.AssetChecksDefinition] = []

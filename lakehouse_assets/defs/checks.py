@@ -40,7 +40,7 @@ class CheckTarget:
 
 @dataclass(frozen=True)
 class TableCheck:
-    """One check of a table, evaluated by its commit group's committer (``defs.committer``)."""
+    """One check of a table, evaluated by its commit group's committer and check step (``defs.committer``)."""
 
     name: str
     description: str
@@ -312,7 +312,7 @@ def change_checks(table_identifier: str, streams: list[StreamSpec]) -> list[Tabl
 def check_job(group: CommitGroup):  # -> UnresolvedAssetJobDefinition, not exported by dagster
     """A job that runs only the blocking checks of the group's tables, on their current snapshots,
     whoever committed them: what ``lakehouse check`` runs (no Spark, no commit; run config
-    ``tables`` of the committer's op narrows it)."""
+    ``tables`` of the group's check step narrows it)."""
     return dg.define_asset_job(
         group.check_job_name,
         selection=dg.AssetSelection.checks(
