@@ -10,7 +10,7 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import complete_days_asset, router_asset, staged_batches_asset
 from lakehouse_assets.defs.checks import check_job
 from lakehouse_assets.defs.commit_groups import CommitGroup, commit_groups, groups_by_table
-from lakehouse_assets.defs.committer import commit_job, committer_asset, group_checks
+from lakehouse_assets.defs.committer import commit_job, committer_definitions
 from lakehouse_assets.defs.freshness import freshness_job, freshness_schedules
 from lakehouse_assets.defs.iceberg_source import source_assets, source_job, source_sensor
 from lakehouse_assets.defs.maintenance import maintenance_job, maintenance_schedules
@@ -46,8 +46,9 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
             jobs.append(source_job(stream))
             sensors.append(source_sensor(stream))
     for group in groups:
-        assets.append(committer_asset(group))
-        asset_checks.append(group_checks(group))
+        committer, table_checks = committer_definitions(group)
+        assets.append(committer)
+        asset_checks.append(table_checks)
         jobs.extend([commit_job(group), check_job(group), freshness_job(group), maintenance_job(group)])
         sensors.append(committer_sensor(group))
         for table_identifier in filter(group.audits, group.tables):

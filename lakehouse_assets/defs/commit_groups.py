@@ -52,7 +52,7 @@ class CommitGroup:
 
     @property
     def checks_op_name(self) -> str:
-        """The op of the tables' checks when a run has a step for them (``defs.committer.group_checks``)."""
+        """The op of the tables' checks when a run has a step for them (``defs.committer.committer_definitions``)."""
         return f"{self.op_name}_checks"
 
     @property

@@ -62,11 +62,18 @@ class _Failures:
         raise dg.Failure(summary) from self.first_error
 
 
-def committer_asset(group: CommitGroup) -> dg.AssetsDefinition:
-    """The committer of ``group``: stages a router's pending routes, commits each selected table
-    with ready batches and evaluates its checks on the snapshot it committed."""
+def committer_definitions(group: CommitGroup) -> tuple[dg.AssetsDefinition, dg.AssetChecksDefinition]:
+    """The group's committer multi-asset and the step of its tables' checks."""
     registry = {table: table_check_registry(table, streams) for table, streams in group.tables.items()}
     tables_by_key = {names.table_key(table): table for table in group.tables}
+    return _committer_asset(group, registry, tables_by_key), _group_checks(group, registry, tables_by_key)
+
+
+def _committer_asset(
+    group: CommitGroup, registry: dict[str, list[TableCheck]], tables_by_key: dict[dg.AssetKey, str]
+) -> dg.AssetsDefinition:
+    """The committer of ``group``: stages a router's pending routes, commits each selected table
+    with ready batches and evaluates its checks on the snapshot it committed."""
 
     @dg.multi_asset(
         name=group.op_name,
@@ -102,13 +109,13 @@ def committer_asset(group: CommitGroup) -> dg.AssetsDefinition:
     return committer
 
 
-def group_checks(group: CommitGroup) -> dg.AssetChecksDefinition:
+def _group_checks(
+    group: CommitGroup, registry: dict[str, list[TableCheck]], tables_by_key: dict[dg.AssetKey, str]
+) -> dg.AssetChecksDefinition:
     """The checks of the group's tables, in their own step outside the commit pool (a check,
     freshness or publish job, the UI): each on the snapshot a check run reads
     (``checks.checked_target``: the current one in a check or publish job, else the last
     materialized). A committing run evaluates the checks of what it committed itself."""
-    registry = {table: table_check_registry(table, streams) for table, streams in group.tables.items()}
-    tables_by_key = {names.table_key(table): table for table in group.tables}
 
     @dg.multi_asset_check(
         name=group.checks_op_name,
