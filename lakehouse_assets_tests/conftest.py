@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -144,3 +145,22 @@ def unit_tier_starts_no_jvm(request: pytest.FixtureRequest) -> Iterator[None]:
     from pyspark import SparkContext
 
     assert SparkContext._gateway is None, "a test outside the spark marker started a JVM"
+
+
+@pytest.fixture(autouse=True)
+def no_spark_host_outlives_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Stop the Spark host that a test's runs started for its home (a job executed in-process with
+    the definitions' resources calls the host): it would otherwise idle with its JVM for
+    ``spark_host.idle_timeout`` after the test. Torn down before ``monkeypatch``, so the test's
+    ``LAKEHOUSE_HOME`` and ``LAKEHOUSE_CONFIG`` are still set."""
+    yield
+    if not (os.environ.get("LAKEHOUSE_HOME") and os.environ.get("LAKEHOUSE_CONFIG")):
+        return
+    from lakehouse_assets.engine.spark_host import host_pid
+
+    try:
+        pid = host_pid(Lakehouse.from_env())
+    except Exception:  # noqa: BLE001 - a test's home or configuration may be gone or invalid
+        return
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
