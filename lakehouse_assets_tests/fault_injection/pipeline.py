@@ -22,9 +22,11 @@ import pytest
 
 from lakehouse_assets import cli, faults
 from lakehouse_assets.batches.landing import land_events
-from lakehouse_assets.config_loader import CONFIG_ENV
+from lakehouse_assets.config_loader import CONFIG_ENV, load_config
+from lakehouse_assets.engine.spark import jvm_session
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import HOME_ENV, STORAGE_ROOT_ENV
+from lakehouse_assets_tests.fault_injection import attached_cli
 from lakehouse_assets_tests.postgres_server import TEST_JVM_CLASS_PATH_ENV
 
 ORDERS = {
@@ -112,22 +114,47 @@ def run_lakehouse(
     """``lakehouse <arguments>`` with this test's homes and config (and ``extra_env``).
 
     A separate process when it is to be killed or held at a fault point, needs a JVM of its own (a
-    Spark master), or is ``cold`` (each family of fault points keeps one cold restart). Otherwise
-    the same command runs in this test process, on its warm JVM: that is what a restart after a
-    kill, or a second host sharing only the catalog and the storage, needs to prove, and it costs
-    seconds instead of a cold start. Locks still exclude each other: each is a process's own.
+    Spark master), or is ``cold`` (see :func:`lakehouse_process_command`). Otherwise the same
+    command runs in this test process, on its warm JVM: that is what a restart after a kill, or a
+    second host sharing only the catalog and the storage, needs to prove, and it costs seconds
+    instead of a cold start. Locks still exclude each other: each is a process's own.
     """
     env = {**os.environ, **(extra_env or {})}
-    if cold or any(name in env for name in FAULT_ENVS) or set(extra_env or {}) - IN_PROCESS_ENVS:
+    if cold or any(name in env for name in FAULT_ENVS) or _needs_own_jvm(extra_env):
+        command, process_environment = lakehouse_process_command(arguments, extra_env, cold)
         return subprocess.run(
-            [sys.executable, "-m", "lakehouse_assets.cli", *arguments],
-            env=process_env(extra_env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+            command, env=process_environment, capture_output=True, text=True, timeout=timeout, check=False
         )
     return run_lakehouse_in_this_process(arguments, extra_env or {})
+
+
+def _needs_own_jvm(extra_env: dict[str, str] | None) -> bool:
+    """Whether ``extra_env`` sets more than homes, a config and fault points (a Spark master, say)."""
+    return bool(set(extra_env or {}) - IN_PROCESS_ENVS - set(FAULT_ENVS) - {faults.PAUSE_DIR_ENV})
+
+
+def lakehouse_process_command(
+    arguments: list[str], extra_env: dict[str, str] | None, cold: bool = False
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a ``lakehouse <arguments>`` process.
+
+    ``cold`` (each family of fault points keeps one), or with settings that need a JVM of its own:
+    the ``lakehouse`` command as a user runs it, starting its own JVM. Otherwise the process's
+    Spark is this worker's warm JVM (``attached_cli``): it is still a process of its own, killed or
+    held for real, without paying for a JVM's start.
+    """
+    if cold or _needs_own_jvm(extra_env):
+        return [sys.executable, "-m", "lakehouse_assets.cli", *arguments], process_env(extra_env)
+    return [sys.executable, "-m", attached_cli.__name__, *arguments], process_env(extra_env) | worker_gateway_env()
+
+
+def worker_gateway_env() -> dict[str, str]:
+    """The environment that points PySpark at this worker's JVM (started now if it is not yet)."""
+    from pyspark import SparkContext
+
+    jvm_session(load_config())
+    parameters = SparkContext._gateway.gateway_parameters  # type: ignore[union-attr]
+    return {"PYSPARK_GATEWAY_PORT": str(parameters.port), "PYSPARK_GATEWAY_SECRET": parameters.auth_token}
 
 
 def run_lakehouse_in_this_process(arguments: list[str], extra_env: dict[str, str]) -> Completed:
@@ -153,13 +180,13 @@ def process_env(extra_env: dict[str, str] | None) -> dict[str, str]:
     return env | (extra_env or {})
 
 
-def kill_at_then_restart(point: str, cold_restart: bool = False) -> None:
+def kill_at_then_restart(point: str, cold: bool = False) -> None:
     """Run the pipeline until it is killed (SIGKILL) at fault point ``point``, then run it again to
-    the end (in this process unless ``cold_restart``); fails when the point is never reached or the
-    restart fails."""
-    crashed = run_pipeline({faults.CRASH_ENV: point})
+    the end (in this process); fails when the point is never reached or the restart fails. ``cold``:
+    both are processes with JVMs of their own, so the kill ends a JVM too and the restart starts one."""
+    crashed = run_pipeline({faults.CRASH_ENV: point}, cold=cold)
     assert crashed.returncode == -signal.SIGKILL, f"never reached {point}:\n{crashed.stdout[-3000:]}"
-    restarted = run_pipeline(cold=cold_restart)
+    restarted = run_pipeline(cold=cold)
     assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
 
 
@@ -190,16 +217,14 @@ def lakehouse_paused_at(point: str, work: Path, arguments: tuple[str, ...] = RUN
     assert paused.wait(timeout=600) == 0, log.read_text()[-3000:]
 
 
-def start_lakehouse_process(arguments: list[str], extra_env: dict[str, str], log: Path) -> subprocess.Popen:
-    """Start ``lakehouse <arguments>`` without waiting; output goes to ``log``."""
+def start_lakehouse_process(
+    arguments: list[str], extra_env: dict[str, str], log: Path, cold: bool = False
+) -> subprocess.Popen:
+    """Start ``lakehouse <arguments>`` without waiting (see :func:`lakehouse_process_command`);
+    output goes to ``log``."""
+    command, process_environment = lakehouse_process_command(arguments, extra_env, cold)
     handle = open(log, "w")  # noqa: SIM115 - closed by the process's end
-    return subprocess.Popen(
-        [sys.executable, "-m", "lakehouse_assets.cli", *arguments],
-        env=process_env(extra_env),
-        stdout=handle,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return subprocess.Popen(command, env=process_environment, stdout=handle, stderr=subprocess.STDOUT, text=True)
 
 
 def run_two_pipelines_at_once(logs: Path) -> None:

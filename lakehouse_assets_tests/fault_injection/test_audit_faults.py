@@ -60,7 +60,7 @@ def _branches_agree(lake) -> bool:
 def test_an_audited_pipeline_killed_before_or_while_publishing_publishes_exactly_once(point, lake):
     land_round(lake, 1)
 
-    kill_at_then_restart(point, cold_restart=point == PUBLISH_POINTS[0])
+    kill_at_then_restart(point, cold=point == PUBLISH_POINTS[0])
 
     assert invariant_violations(lake) == []
     assert _branches_agree(lake)

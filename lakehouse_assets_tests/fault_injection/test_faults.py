@@ -35,9 +35,9 @@ pytestmark = pytest.mark.spark
 def test_a_pipeline_killed_at_each_point_recovers_exactly_once(point, lake):
     land_round(lake, 1)
 
-    # The first point's restart is a cold process, as a real restart is; the others restart on
-    # this worker's warm JVM (the kill itself is always a real process's).
-    kill_at_then_restart(point, cold_restart=point == faults.CRASH_POINTS[0])
+    # At the first point the killed process and the restart are cold (a JVM each of their own);
+    # at the others a real process is killed, on this worker's JVM, and restarted in this process.
+    kill_at_then_restart(point, cold=point == faults.CRASH_POINTS[0])
 
     assert invariant_violations(lake) == []
 

@@ -162,7 +162,7 @@ def test_a_pipeline_killed_after_its_commit_recovers_exactly_once(lake):
     land_round(lake, 1)
 
     # Restarted cold: a new process gets the JDBC driver from the config's ``spark.jars`` alone.
-    kill_at_then_restart(faults.COMMITTER_AFTER_COMMIT, cold_restart=True)
+    kill_at_then_restart(faults.COMMITTER_AFTER_COMMIT, cold=True)
 
     assert invariant_violations(lake) == []
 
@@ -232,8 +232,8 @@ def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each
 
 
 def test_two_hosts_maintaining_one_table_at_once_keep_recovery_exactly_once(lake, tmp_path):
-    """Long (70-110 s): host A is two real processes held at a fault point (each a cold JVM), while
-    host B commits five rounds and maintains (compaction, expiry, orphan removal) twice."""
+    """Long (about 70 s): host A is two real processes held at a fault point, while host B commits
+    five rounds and maintains (compaction, expiry, orphan removal) twice."""
     host_b = _second_host(lake, tmp_path)
 
     def commit_on_host_b(round_number: int) -> None:
