@@ -78,7 +78,8 @@ def test_maintenance_killed_between_checkpoint_and_expiry(lake):
     land_round(lake, 1)
     assert run_pipeline().returncode == 0
 
-    crashed = run_lakehouse(["maintain"], {faults.CRASH_ENV: faults.MAINTENANCE_AFTER_CHECKPOINT})
+    # The family's cold kill: the process and its restart start JVMs of their own.
+    crashed = run_lakehouse(["maintain"], {faults.CRASH_ENV: faults.MAINTENANCE_AFTER_CHECKPOINT}, cold=True)
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-3000:] + crashed.stderr[-3000:]
     land_round(lake, 2)
     assert run_pipeline(cold=True).returncode == 0
