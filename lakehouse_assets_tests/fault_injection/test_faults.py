@@ -26,6 +26,7 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
     remove_staged_parquet,
     run_pipeline,
     run_two_pipelines_at_once,
+    worker_gateway_env,
 )
 
 pytestmark = pytest.mark.spark
@@ -95,6 +96,8 @@ def test_two_pipelines_at_once_commit_each_batch_once(lake, tmp_path):
 
 
 STALE_COMMITTER = """
+from lakehouse_assets_tests.fault_injection.attached_cli import attach_to_running_jvm
+attach_to_running_jvm()
 from lakehouse_assets.table_commits import commit_table
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.engine.spark import lakehouse_session
@@ -130,7 +133,9 @@ def test_a_stale_committer_is_fenced_and_commits_nothing(lake, instance, tmp_pat
     # A committer outside Dagster's pool (another deployment, a script) plans, then stalls.
     stale = subprocess.Popen(
         [sys.executable, "-c", STALE_COMMITTER],
-        env={**os.environ, faults.PAUSE_ENV: faults.COMMITTER_BEFORE_LOCK, faults.PAUSE_DIR_ENV: str(pause_dir)},
+        env=os.environ
+        | worker_gateway_env()
+        | {faults.PAUSE_ENV: faults.COMMITTER_BEFORE_LOCK, faults.PAUSE_DIR_ENV: str(pause_dir)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
