@@ -129,8 +129,10 @@ def test_a_router_killed_mid_batch_routes_every_event_once_on_restart(routed, pa
     lake = Lakehouse(routed, paths)
     drop_landing_files(lake, *MESSY_FILES)
 
-    # The first point is the family's cold kill: the process and its restart start JVMs of their own.
-    cold = crash_at == faults.ROUTER_DURING_PUBLISH
+    # Cold (the process and its restart start JVMs of their own): the family's first point, and the
+    # committer's, which commits the routed tables two at a time on threads; attached to the
+    # worker's JVM, the other thread's commit would go on there after the kill.
+    cold = crash_at in (faults.ROUTER_DURING_PUBLISH, faults.COMMITTER_AFTER_COMMIT)
     crashed = run_pipeline({faults.CRASH_ENV: crash_at}, cold=cold)
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
     restarted = run_pipeline(cold=cold)
@@ -310,7 +312,8 @@ def test_the_routed_tables_committer_killed_mid_cycle_commits_every_event_once_o
     assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
     second_round = land_tenant_events(paths, 60, 60, tables=6)
 
-    crashed = run_pipeline({faults.CRASH_ENV: crash_at})
+    # Cold, as above: the routed tables are committed two at a time on threads.
+    crashed = run_pipeline({faults.CRASH_ENV: crash_at}, cold=True)
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
     if crash_at == faults.WRITER_AFTER_STAGING:
         # Killed inside the grouped staging: every table's batch has its attempt, none is recorded.

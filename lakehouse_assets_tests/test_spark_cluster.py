@@ -74,7 +74,8 @@ def _completed_app_names(cluster) -> list[str]:
 def test_append_pipeline_runs_on_a_standalone_cluster_and_lands_every_event_once(
     lakehouse_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Long (about 60 s): a master, a worker and an executor JVM start, and the pipeline's own."""
+    """Long (50-120 s on a busy machine): a master, a worker, and three drivers each with an executor
+    JVM on the cluster (two `lakehouse run` processes and the Spark host)."""
     write_config(
         tmp_path,
         {

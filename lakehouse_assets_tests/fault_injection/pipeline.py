@@ -174,25 +174,26 @@ def run_lakehouse_in_this_process(arguments: list[str], extra_env: dict[str, str
 
 def process_env(extra_env: dict[str, str] | None) -> dict[str, str]:
     """The environment of a ``lakehouse`` process a test starts: the test's, without the JDBC
-    driver this test process's JVM was given (a process has only what its config gives it), plus
-    ``extra_env``."""
+    driver this test process's JVM was given (a process with a JVM of its own has only what its
+    config gives it), plus ``extra_env``."""
     env = {name: value for name, value in os.environ.items() if name != TEST_JVM_CLASS_PATH_ENV}
     return env | (extra_env or {})
 
 
 def kill_at_then_restart(point: str, cold: bool = False) -> None:
     """Run the pipeline until it is killed (SIGKILL) at fault point ``point``, then run it again to
-    the end (in this process); fails when the point is never reached or the restart fails. ``cold``:
-    both are processes with JVMs of their own, so the kill ends a JVM too and the restart starts one."""
+    the end in this process, or, ``cold``, in a process: then the killed process and the restart
+    start JVMs of their own, and the kill ends a JVM too. Fails when the point is never reached or
+    the restart fails."""
     crashed = run_pipeline({faults.CRASH_ENV: point}, cold=cold)
     assert crashed.returncode == -signal.SIGKILL, f"never reached {point}:\n{crashed.stdout[-3000:]}"
     restarted = run_pipeline(cold=cold)
     assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
 
 
-def start_pipeline_process(extra_env: dict[str, str], log: Path) -> subprocess.Popen:
+def start_pipeline_process(extra_env: dict[str, str], log: Path, cold: bool = False) -> subprocess.Popen:
     """Start ``lakehouse run --until-idle`` without waiting; output goes to ``log``."""
-    return start_lakehouse_process(list(RUN_UNTIL_IDLE), extra_env, log)
+    return start_lakehouse_process(list(RUN_UNTIL_IDLE), extra_env, log, cold)
 
 
 @contextmanager
@@ -229,9 +230,11 @@ def start_lakehouse_process(
 
 def run_two_pipelines_at_once(logs: Path) -> None:
     """Run two ``lakehouse run --until-idle`` at once (both must succeed), then one more: a
-    committer fenced by the other leaves its batches for the next pass."""
-    first = start_pipeline_process({}, logs / "first.log")
-    second = start_pipeline_process({}, logs / "second.log")
+    committer fenced by the other leaves its batches for the next pass. The two are cold: each
+    has a JVM of its own, as two hosts do (attached to one JVM, their Hadoop-catalog commits
+    would wait on one in-memory lock)."""
+    first = start_pipeline_process({}, logs / "first.log", cold=True)
+    second = start_pipeline_process({}, logs / "second.log", cold=True)
     assert first.wait(timeout=600) == 0, (logs / "first.log").read_text()[-3000:]
     assert second.wait(timeout=600) == 0, (logs / "second.log").read_text()[-3000:]
     assert run_pipeline().returncode == 0

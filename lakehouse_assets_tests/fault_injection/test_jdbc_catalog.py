@@ -161,7 +161,7 @@ def test_both_pipelines_run_on_a_standalone_cluster_with_the_jdbc_catalog(lake, 
 def test_a_pipeline_killed_after_its_commit_recovers_exactly_once(lake):
     land_round(lake, 1)
 
-    # Restarted cold: a new process gets the JDBC driver from the config's ``spark.jars`` alone.
+    # Killed and restarted cold: a new process gets the JDBC driver from the config's ``spark.jars`` alone.
     kill_at_then_restart(faults.COMMITTER_AFTER_COMMIT, cold=True)
 
     assert invariant_violations(lake) == []
