@@ -56,6 +56,35 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[JAVA_OPTIONS_ENV] = f"{SUITE_JAVA_OPTIONS} {ARCHIVE_OPTION}{archive}"
 
 
+# The files whose tests take longest together, longest first (summed durations of a fresh-clone
+# run, ``docs/benchmarks.md``). They start first: ``--dist loadfile`` hands each worker whole files
+# in collection order, and a long file handed out last would keep one worker busy while the other
+# idles. The other files follow in their usual order.
+LONGEST_FILES = (
+    "fault_injection/test_jdbc_catalog.py",
+    "test_routing.py",
+    "fault_injection/test_chaos.py",
+    "fault_injection/test_faults.py",
+    "test_iceberg_source.py",
+    "test_spark_host.py",
+    "test_hostile_input.py",
+    "fault_injection/test_row_deltas.py",
+    "fault_injection/test_maintenance_faults.py",
+    "fault_injection/test_operator_mistakes.py",
+    "test_changes.py",
+    "test_spark_cluster.py",
+    "fault_injection/test_audit_faults.py",
+    "test_http_source.py",
+)
+TESTS_ROOT = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the tests of ``LONGEST_FILES`` first, in that order (a stable sort keeps the rest's)."""
+    rank = {name: position for position, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.relative_to(TESTS_ROOT).as_posix(), len(rank)))
+
+
 ORDERS_STREAM = {
     "name": "orders",
     "source": {"landing": {}},

@@ -1,5 +1,6 @@
 """The package's shape: no import cycle, one handle instead of configuration and paths side by
-side, a code location that does no work when imported, and DuckDB checks that run without PySpark."""
+side, a code location that does no work when imported, DuckDB checks that run without PySpark, and
+the suite's list of its longest files."""
 
 import ast
 import subprocess
@@ -141,3 +142,10 @@ def test_the_lakehouse_command_imports_dagster_only_after_starting_spark(tmp_pat
     # ``lakehouse run --until-idle`` starts its JVM before Dagster's import, to overlap them.
     loaded = _modules_loaded_by("lakehouse_assets.cli", ("dagster", "lakehouse_assets.commands"), tmp_path)
     assert loaded == []
+
+
+def test_every_file_the_suite_starts_first_exists():
+    """A renamed long file would lose its place at the start of the run without a word."""
+    from lakehouse_assets_tests.conftest import LONGEST_FILES, TESTS_ROOT
+
+    assert [name for name in LONGEST_FILES if not (TESTS_ROOT / name).is_file()] == []

@@ -28,6 +28,24 @@ def jvm(spark: SparkSession) -> Any:
     return view
 
 
+# The names PySpark and this package look up on the JVM view on every call: ``functions`` for each
+# column function (``F.col``, ``F.when``), ``PythonUtils`` for each list handed to the JVM,
+# ``SparkSession`` for the active session, and the roots of fully qualified names. py4j resolves a
+# name anew each time (``JVMView.__getattr__`` has no cache) by trying it in every package the view
+# imports, and each miss searches every jar on the class path: about 0.8 ms per column function
+# on 2 cores, a tenth of a pipeline round (``docs/benchmarks.md``). The class or package a name
+# resolves to never changes for the view's JVM, so it is resolved once and kept on the view.
+RESOLVED_ONCE = ("functions", "PythonUtils", "SparkSession", "SparkSession$", "org", "java", "py4j")
+
+
+def resolve_names_once(view: Any) -> None:
+    """Keep ``RESOLVED_ONCE``'s classes and packages on the py4j JVM view ``view`` (an attribute
+    found on the view is not looked up in the JVM again)."""
+    for name in RESOLVED_ONCE:
+        if name not in vars(view):
+            setattr(view, name, getattr(view, name))
+
+
 ICEBERG_COMMIT_FAILED = "org.apache.iceberg.exceptions.CommitFailedException"
 ICEBERG_VALIDATION_FAILED = "org.apache.iceberg.exceptions.ValidationException"
 MAX_CAUSES = 20

@@ -18,6 +18,7 @@ from lakehouse_assets.catalog.table_metadata import CATALOG_NAME, is_hadoop_cata
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.engine.java_runtime import ensure_java_home
 from lakehouse_assets.engine.jvm import jvm as spark_jvm
+from lakehouse_assets.engine.jvm import resolve_names_once
 from lakehouse_assets.lakehouse import Lakehouse
 
 ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
@@ -108,6 +109,7 @@ def jvm_session(config: LakehouseConfig) -> SparkSession:
         builder = builder.config(key, value)
     root = builder.getOrCreate()
     root.sparkContext.setLogLevel("ERROR")
+    resolve_names_once(spark_jvm(root))
     return root
 
 
