@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lakehouse_assets_tests.conftest import LONGEST_FILES, TESTS_ROOT
+
 PACKAGE = Path(__file__).resolve().parents[1] / "lakehouse_assets"
 
 
@@ -146,6 +148,4 @@ def test_the_lakehouse_command_imports_dagster_only_after_starting_spark(tmp_pat
 
 def test_every_file_the_suite_starts_first_exists():
     """A renamed long file would lose its place at the start of the run without a word."""
-    from lakehouse_assets_tests.conftest import LONGEST_FILES, TESTS_ROOT
-
     assert [name for name in LONGEST_FILES if not (TESTS_ROOT / name).is_file()] == []

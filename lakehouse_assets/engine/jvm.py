@@ -28,13 +28,15 @@ def jvm(spark: SparkSession) -> Any:
     return view
 
 
-# The names PySpark and this package look up on the JVM view on every call: ``functions`` for each
-# column function (``F.col``, ``F.when``), ``PythonUtils`` for each list handed to the JVM,
-# ``SparkSession`` for the active session, and the roots of fully qualified names. py4j resolves a
-# name anew each time (``JVMView.__getattr__`` has no cache) by trying it in every package the view
-# imports, and each miss searches every jar on the class path: about 0.8 ms per column function
-# on 2 cores, a tenth of a pipeline round (``docs/benchmarks.md``). The class or package a name
-# resolves to never changes for the view's JVM, so it is resolved once and kept on the view.
+# The names PySpark and this package look up on the JVM view again and again: ``functions`` for
+# each column function (``F.col``, ``F.when``), ``PythonUtils`` for each list handed to the JVM,
+# ``SparkSession`` and ``SparkSession$`` for the active session, ``py4j`` for each Java exception
+# converted, and the roots of fully qualified names. py4j resolves a name anew each time
+# (``JVMView.__getattr__`` has no cache) by trying it in every package the view imports, and each
+# miss searches every jar on the class path: about 0.8 ms per column function on 2 cores. The
+# class or package a name resolves to never changes for the view's JVM (a process has one gateway
+# for life), so it is resolved once and kept on the view: a warm pipeline round takes about 8 %
+# less CPU (``docs/benchmarks.md``).
 RESOLVED_ONCE = ("functions", "PythonUtils", "SparkSession", "SparkSession$", "org", "java", "py4j")
 
 
