@@ -3,7 +3,11 @@ and the events it sends to the dead letters (the writer's side is ``ingest.stage
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -14,6 +18,29 @@ from lakehouse_assets.batches.staged_format import (
     REASON_COLUMN,
     SOURCE_FILE_COLUMN,
 )
+
+# The key under which Spark records the schema of the rows it wrote in each Parquet file's footer
+# (``ParquetWriteSupport.SPARK_ROW_SCHEMA``): Spark's own read restores its types from it.
+SPARK_ROW_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
+
+
+def read_staged(spark: SparkSession, directory: Path) -> DataFrame:
+    """The rows Spark wrote to ``directory`` (a staged batch's events), read with the schema Spark
+    recorded in their files. Spark reads the same schema without it, but infers it with a Spark job
+    that reads a footer: one job per staged batch read, about a tenth of a warm round's work
+    (``docs/benchmarks.md``)."""
+    schema = _written_schema(directory)
+    reader = spark.read if schema is None else spark.read.schema(schema)
+    return reader.parquet(str(directory))
+
+
+def _written_schema(directory: Path) -> T.StructType | None:
+    """The schema Spark recorded in the first data file under ``directory``; None without one."""
+    first = min(directory.glob("part-*.parquet"), default=None)
+    footer = pq.read_schema(first).metadata if first is not None else None
+    if not footer or SPARK_ROW_SCHEMA_KEY not in footer:
+        return None
+    return T.StructType.fromJson(json.loads(footer[SPARK_ROW_SCHEMA_KEY]))
 
 
 def accepted_rows(staged: DataFrame, table_schema: T.StructType) -> DataFrame:

@@ -40,7 +40,7 @@ from pyspark.sql.types import StructType
 
 from lakehouse_assets import faults
 from lakehouse_assets.batches.ledger import BatchRecord, CommittedBatch, StreamLedger
-from lakehouse_assets.batches.staged_rows import accepted_rows
+from lakehouse_assets.batches.staged_rows import accepted_rows, read_staged
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.catalog.tables import identifier_columns
 from lakehouse_assets.commit import summary_keys
@@ -452,7 +452,7 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
 
 def _staged_rows(spark: SparkSession, batches: list[BatchRecord], table_schema: StructType) -> DataFrame:
     """The accepted rows of the staged ``batches`` as the table's columns, with their operation."""
-    aligned = [accepted_rows(spark.read.parquet(str(record.events_path())), table_schema) for record in batches]
+    aligned = [accepted_rows(read_staged(spark, record.events_path()), table_schema) for record in batches]
     return reduce(DataFrame.unionByName, aligned)
 
 

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from lakehouse_assets.batches.landing import landing_dir
 from lakehouse_assets.batches.ledger import BatchRecord
-from lakehouse_assets.batches.staged_rows import rejected_events
+from lakehouse_assets.batches.staged_rows import read_staged, rejected_events
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.catalog.tables import MANAGED_TABLE_PROPERTIES
 from lakehouse_assets.commit import summary_keys
@@ -79,7 +79,7 @@ def ensure_dead_letter_table(spark: SparkSession, identifier: str) -> None:
 def dead_letter_rows(spark: SparkSession, stream: str, batches: list[BatchRecord]) -> DataFrame:
     """The rejected events of staged batches, as rows of the dead-letter table."""
     frames = [
-        rejected_events(spark.read.parquet(str(record.events_path()))).select(
+        rejected_events(read_staged(spark, record.events_path())).select(
             "event",
             "reason",
             F.lit(stream).alias("stream"),

@@ -30,22 +30,39 @@ def jvm(spark: SparkSession) -> Any:
 
 # The names PySpark and this package look up on the JVM view again and again: ``functions`` for
 # each column function (``F.col``, ``F.when``), ``PythonUtils`` for each list handed to the JVM,
-# ``SparkSession`` and ``SparkSession$`` for the active session, ``py4j`` for each Java exception
-# converted, and the roots of fully qualified names. py4j resolves a name anew each time
-# (``JVMView.__getattr__`` has no cache) by trying it in every package the view imports, and each
-# miss searches every jar on the class path: about 0.8 ms per column function on 2 cores. The
-# class or package a name resolves to never changes for the view's JVM (a process has one gateway
-# for life), so it is resolved once and kept on the view: a warm pipeline round takes about 8 %
-# less CPU (``docs/benchmarks.md``).
-RESOLVED_ONCE = ("functions", "PythonUtils", "SparkSession", "SparkSession$", "org", "java", "py4j")
+# ``SparkSession`` and ``SparkSession$`` for the active session, ``py4j.reflection.TypeUtil``
+# twelve times for each Java exception PySpark converts, and the packages of the Iceberg and Java
+# classes named by their full names. py4j resolves a name anew each time (``JVMView`` and
+# ``JavaPackage`` keep nothing) by a call to the JVM, and a package's name is tried as a class
+# first: a miss that searches every jar on the class path, about 0.8 ms on 2 cores. What a name
+# resolves to never changes for the view's JVM (a process has one gateway for life), so each
+# name on these paths is resolved once and kept on its parent: a warm pipeline round takes about
+# 8 % less CPU (``docs/benchmarks.md``).
+RESOLVED_ONCE = (
+    "functions",
+    "PythonUtils",
+    "SparkSession",
+    "SparkSession$",
+    "py4j.reflection.TypeUtil",
+    "org.apache.iceberg.spark.Spark3Util",
+    "org.apache.iceberg.parquet",
+    "org.apache.iceberg.expressions",
+    "org.apache.spark.sql.expressions",
+    "org.apache.spark.util",
+    "java.util",
+    "java.lang",
+)
 
 
 def resolve_names_once(view: Any) -> None:
-    """Keep ``RESOLVED_ONCE``'s classes and packages on the py4j JVM view ``view`` (an attribute
-    found on the view is not looked up in the JVM again)."""
-    for name in RESOLVED_ONCE:
-        if name not in vars(view):
-            setattr(view, name, getattr(view, name))
+    """Keep the classes and packages on ``RESOLVED_ONCE``'s paths, each on its parent (the py4j
+    JVM view ``view`` or a package): an attribute found on an object is not looked up in the JVM."""
+    for path in RESOLVED_ONCE:
+        parent = view
+        for name in path.split("."):
+            if name not in vars(parent):
+                setattr(parent, name, getattr(parent, name))
+            parent = vars(parent)[name]
 
 
 ICEBERG_COMMIT_FAILED = "org.apache.iceberg.exceptions.CommitFailedException"
