@@ -18,6 +18,7 @@ from lakehouse_assets.defs.publishing import discard_job, publish_job, published
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import committer_sensor, landing_sensor
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.migration_scripts import read_migration_scripts_once
 
 
 def build_definitions(config: LakehouseConfig) -> dg.Definitions:
@@ -26,6 +27,7 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
     alone, or the tables one router feeds: ``defs.commit_groups``) one committer multi-asset, one
     step for the tables' checks, and its commit, check, freshness and maintenance jobs, sensor and schedules;
     per table under ``publish: audit`` also the published asset, publish and discard jobs."""
+    read_migration_scripts_once()  # every process that runs the definitions opens Dagster's storage
     assets: list[dg.AssetsDefinition | dg.AssetSpec] = []
     asset_checks: list[dg.AssetChecksDefinition] = []
     jobs = []

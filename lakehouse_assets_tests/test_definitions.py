@@ -1,11 +1,16 @@
 """The definitions load the way ``dagster dev`` loads them, with pinned names."""
 
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import dagster as dg
 import pytest
+from alembic.script import ScriptDirectory
+from dagster._core.storage.event_log.sqlite import sqlite_event_log
+from dagster._core.storage.sql import get_alembic_config
 
 from lakehouse_assets.definitions import build_definitions, defs
 from lakehouse_assets.errors import TableNotFoundError
@@ -96,3 +101,28 @@ def test_the_tables_one_router_feeds_add_assets_and_checks_but_no_sensor_or_job_
         "tenants_routed_freshness_schedule",
         "tenants_routed_maintenance_schedule",
     }
+
+
+@dg.op
+def _nothing() -> None:
+    """A step that does nothing: its run only records events."""
+
+
+@dg.job
+def _one_step() -> None:
+    _nothing()
+
+
+def test_dagster_storage_reads_its_migration_scripts_once_and_still_stamps_each_run(tmp_path, config):
+    build_definitions(config)  # as every process that runs the definitions does
+    alembic_config = get_alembic_config(sqlite_event_log.__file__)
+    assert ScriptDirectory.from_config(alembic_config) is ScriptDirectory.from_config(alembic_config)
+
+    # Each run's own event-log database is created and stamped at the scripts' head revision.
+    head = ScriptDirectory.from_config(alembic_config).get_current_head()
+    with dg.DagsterInstance.local_temp(str(tmp_path)) as instance:
+        for _ in range(2):
+            run_id = _one_step.execute_in_process(instance=instance).run_id
+            shard = instance.event_log_storage.path_for_shard(run_id)  # type: ignore[attr-defined]
+            with closing(sqlite3.connect(shard)) as connection:
+                assert connection.execute("SELECT version_num FROM alembic_version").fetchall() == [(head,)]

@@ -16,6 +16,7 @@ from pyspark.sql import types as T
 
 from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.batches.staged_format import REASON_COLUMN
+from lakehouse_assets.batches.staged_rows import read_staged
 from lakehouse_assets.catalog.iceberg_types import parse_type, type_name
 from lakehouse_assets.config import parse_config
 from lakehouse_assets.definitions import build_definitions
@@ -277,3 +278,10 @@ def test_every_type_and_transform_is_created_and_uuid_and_fixed_values_are_check
         dg.AssetCheckKey(names.table_key("inventory.assets"), names.SCHEMA_CHECK)
     )
     assert check.status.value == "SUCCEEDED"
+    # The committer read the staged batch with the schema Spark recorded in its files: the same
+    # columns, types (the uuid and fixed[N] annotations too) and rows as Spark's own read infers.
+    spark = lakehouse_session(lake)
+    [batch] = lake.ledger("assets").batches()
+    recorded, inferred = read_staged(spark, batch.events_path()), spark.read.parquet(str(batch.events_path()))
+    assert recorded.schema == inferred.schema
+    assert sorted(recorded.toJSON().collect()) == sorted(inferred.toJSON().collect())
