@@ -27,8 +27,7 @@ SPARK_ROW_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 def read_staged(spark: SparkSession, directory: Path) -> DataFrame:
     """The rows Spark wrote to ``directory`` (a staged batch's events), read with the schema Spark
     recorded in their files. Spark reads the same schema without it, but infers it with a Spark job
-    that reads a footer: one job per staged batch read, about a tenth of a warm round's work
-    (``docs/benchmarks.md``)."""
+    that reads a footer: 4 of the 12 jobs of a warm round of two streams (``docs/benchmarks.md``)."""
     schema = _written_schema(directory)
     reader = spark.read if schema is None else spark.read.schema(schema)
     return reader.parquet(str(directory))
