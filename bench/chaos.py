@@ -77,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--project-root", type=Path, default=dev.PROJECT_ROOT, help="where workspace.yaml is")
     parser.add_argument("--json-out", type=Path, default=None, help="also write the result JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the whole temporary directory")
+    parser.add_argument("--work-root", type=Path, default=None, help="where the work directory goes (default: TMPDIR)")
     args = parser.parse_args(argv)
     if not 0 < args.min_gap <= args.max_gap:
         parser.error("--min-gap must be positive and at most --max-gap")
@@ -420,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
 def make_workdir(args: argparse.Namespace) -> dev.Workdir:
     """Temporary homes with the project's ``dagster.yaml`` and this benchmark's three streams; this
     process's environment points at them (it reads the tables and the instance itself)."""
-    root = Path(tempfile.mkdtemp(prefix="lakehouse-chaos-"))
+    root = Path(tempfile.mkdtemp(prefix="lakehouse-chaos-", dir=args.work_root))
     work = dev.Workdir(root, root / "home", root / "dagster", root / "lakehouse.yaml", root / "dagster-dev.log", {})
     work.home.mkdir()
     work.dagster_home.mkdir()

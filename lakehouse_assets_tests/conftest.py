@@ -180,16 +180,20 @@ def unit_tier_starts_no_jvm(request: pytest.FixtureRequest) -> Iterator[None]:
 def no_spark_host_outlives_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Stop the Spark host that a test's runs started for its home (a job executed in-process with
     the definitions' resources calls the host): it would otherwise idle with its JVM for
-    ``spark_host.idle_timeout`` after the test. Torn down before ``monkeypatch``, so the test's
-    ``LAKEHOUSE_HOME`` and ``LAKEHOUSE_CONFIG`` are still set."""
+    ``spark_host.idle_timeout`` after the test. A host the test killed leaves only its socket file,
+    which is removed. Torn down before ``monkeypatch``, so the test's ``LAKEHOUSE_HOME`` and
+    ``LAKEHOUSE_CONFIG`` are still set."""
     yield
     if not (os.environ.get("LAKEHOUSE_HOME") and os.environ.get("LAKEHOUSE_CONFIG")):
         return
-    from lakehouse_assets.engine.spark_host import host_pid
+    from lakehouse_assets.engine.spark_host import host_address, host_pid
 
     try:
-        pid = host_pid(Lakehouse.from_env())
+        lake = Lakehouse.from_env()
+        pid = host_pid(lake)
     except Exception:  # noqa: BLE001 - a test's home or configuration may be gone or invalid
         return
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
+    else:
+        Path(host_address(lake)).unlink(missing_ok=True)

@@ -3,6 +3,7 @@ until no rollback could need them."""
 
 import os
 import time
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -70,8 +71,13 @@ def test_maintenance_compacts_expires_and_cleans_without_changing_rows(maintaine
     assert figures["compaction.rewritten_data_files_count"] >= before["table_data_files"]
     assert figures["table_data_files"] < before["table_data_files"]
     assert figures["table_snapshots"] == 1
+    assert figures["expire_snapshots.snapshots_expired"] > before["table_snapshots"]
     assert figures["remove_orphan_files.orphan_files_removed"] == 1
     assert not aborted.exists() and recent.exists()
+    # Expiry deleted the files only the expired snapshots referenced (the compacted ones, younger
+    # than the orphan grace): what is left on disk is what the table references.
+    referenced = {Path(task.file.file_path).name for task in lake.table("sales.orders").scan().plan_files()}
+    assert {path.name for path in data_dir.rglob("*.parquet")} - {recent.name} == referenced
     assert _rows(lake) == rows
     assert list_landing_files(landing_dir(paths, stream)) == []
     assert StreamLedger(paths.staging("orders")).batches() == []

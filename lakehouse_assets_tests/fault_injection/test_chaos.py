@@ -26,6 +26,7 @@ def test_kills_of_every_runtime_process_under_dagster_dev_heal_without_an_operat
     # restarts may run no process for a while (runs starting slowly), which would leave the kills
     # of the other kinds to chance.
     command += ["--orchestrator-last", "--drain-timeout", "240", "--json-out", str(result_file)]
+    command += ["--work-root", str(tmp_path)]
 
     finished = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=PROJECT_ROOT)
 
