@@ -72,7 +72,6 @@ LONGEST_FILES = (
     "fault_injection/test_maintenance_faults.py",
     "fault_injection/test_operator_mistakes.py",
     "test_changes.py",
-    "test_spark_cluster.py",
     "fault_injection/test_audit_faults.py",
     "test_http_source.py",
 )

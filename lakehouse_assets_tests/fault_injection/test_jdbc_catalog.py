@@ -1,6 +1,7 @@
-"""The pipeline on Iceberg's JDBC catalog in a real PostgreSQL: end to end, killed after a commit,
-raced, maintained and checked; and raced from two hosts that share only the catalog and the storage,
-where the catalog's compare-and-swap, not a lock, decides.
+"""The pipeline on Iceberg's JDBC catalog in a real PostgreSQL: end to end (also on a Spark
+standalone cluster, with the Spark host), killed after a commit, raced, maintained and checked; and
+raced from two hosts that share only the catalog and the storage, where the catalog's
+compare-and-swap, not a lock, decides.
 
 The first round runs once per session; each test starts from a copy of its files (same paths) and of
 its catalog database (``CREATE DATABASE ... TEMPLATE``).
@@ -18,7 +19,8 @@ import yaml
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.commit.branches import audit_state
-from lakehouse_assets.engine.spark import DRIVER_MEMORY_ENV, MASTER_ENV
+from lakehouse_assets.engine.spark import DRIVER_MEMORY_ENV, ICEBERG_RUNTIME_JAR, MASTER_ENV
+from lakehouse_assets.engine.spark_host import call_on_host
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import STORAGE_ROOT_ENV
 from lakehouse_assets.quality.duck import iceberg_connection, scan
@@ -34,7 +36,7 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
     run_two_pipelines_at_once,
 )
 from lakehouse_assets_tests.postgres_server import SERVER_USER, PostgresServer, jdbc_driver_jar
-from lakehouse_assets_tests.spark_cluster import cluster_environment, standalone_cluster
+from lakehouse_assets_tests.spark_cluster import cluster_environment, session_master, standalone_cluster, stop_host
 
 pytestmark = pytest.mark.spark
 
@@ -44,6 +46,7 @@ PASSWORD_ENV = "LAKEHOUSE_TEST_CATALOG_PASSWORD"
 # Trust authentication ignores it; it stands for a secret that must reach no file and no log.
 PASSWORD = "not-for-logs-7f3a9c"
 TABLES = ("sales.orders", "crm.customers")
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def jdbc_pipeline(server: PostgresServer) -> dict:
@@ -142,7 +145,11 @@ def test_both_pipelines_commit_exactly_once_and_pass_their_checks(lake, postgres
     assert _files_containing(lake.paths.home.parent, PASSWORD) == []
 
 
-def test_both_pipelines_run_on_a_standalone_cluster_with_the_jdbc_catalog(lake, tmp_path):
+def test_both_pipelines_and_the_spark_host_run_on_a_standalone_cluster(lake, tmp_path, monkeypatch):
+    """Long (40-90 s on a busy machine): a master, a worker, and two drivers each with an executor
+    JVM on the cluster (a ``lakehouse run`` process and the Spark host). The Iceberg runtime jar
+    and the JDBC driver reach the executors through ``spark.jars``; the storage is the local disk,
+    which every process of one machine sees."""
     land_round(lake, 1)
 
     with standalone_cluster(tmp_path / "cluster") as cluster:
@@ -153,7 +160,24 @@ def test_both_pipelines_run_on_a_standalone_cluster_with_the_jdbc_catalog(lake, 
         }
         completed = run_pipeline(on_cluster)
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-        assert cluster.application_dirs(), "no executor of the cluster ran the pipeline's work"
+
+        # The Spark host that Dagster runs share takes its master from the same override.
+        for name, value in on_cluster.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+        try:
+            assert call_on_host(lake, session_master) == cluster.master_url
+        finally:
+            stop_host(lake)
+
+        assert cluster.completed_app_names() == ["lakehouse_assets"] * 2, cluster.state()
+        app_dirs = cluster.application_dirs()
+        assert len(app_dirs) == 2, f"expected one executor work dir per driver, found {app_dirs}"
+        for app_dir in app_dirs:
+            # The executor fetched the Iceberg runtime from the driver (``spark.jars``) and ran tasks.
+            assert list(app_dir.glob(f"*/{ICEBERG_RUNTIME_JAR}")), f"no Iceberg jar fetched into {app_dir}"
+            executor_log = "\n".join(path.read_text(errors="replace") for path in app_dir.glob("*/stderr"))
+            assert "Finished task" in executor_log, f"no task ran on the executor of {app_dir}"
 
     assert_every_batch_once(lake)
 
@@ -203,6 +227,8 @@ def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
 
     assert "another committer published" in host_a_log.read_text()
+    # Host B's home kept only what is local to it (state, Dagster): its storage is host A's home.
+    assert sorted(path.name for path in Path(on_host_b["LAKEHOUSE_HOME"]).iterdir()) == ["state"]
     assert run_pipeline().returncode == 0
     assert_every_batch_once(lake)
 
