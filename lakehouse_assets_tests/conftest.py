@@ -32,6 +32,7 @@ from lakehouse_assets_tests.postgres_server import (
 # instead of the optimizing compiler. Set for the whole session, so every JVM a test starts, in
 # this process or in a child, runs with them; a developer's own setting wins.
 JAVA_OPTIONS_ENV = "JAVA_TOOL_OPTIONS"
+SPARK_SCRATCH_ENV = "SPARK_LOCAL_DIRS"
 SUITE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 os.environ.setdefault(JAVA_OPTIONS_ENV, SUITE_JAVA_OPTIONS)
 # A test process's own JVM has PostgreSQL's JDBC driver (at the end of its class path), so the JDBC
@@ -44,13 +45,17 @@ if (jdbc_driver := jdbc_driver_class_path()) is not None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Before the workers start: when Spark tests are selected and the JVM options are the suite's,
-    build the class-data-sharing archive every JVM of the session then starts from."""
+    give every Spark process of the session one scratch directory, removed at the end (a JVM the
+    tests kill leaves its scratch behind: 45 MB, the copy of the Iceberg runtime jar each driver
+    makes), and build the class-data-sharing archive every JVM of the session then starts from."""
     if hasattr(config, "workerinput") or "not spark" in config.option.markexpr:
         return
     if os.environ[JAVA_OPTIONS_ENV] != SUITE_JAVA_OPTIONS:
         return
     directory = Path(tempfile.mkdtemp(prefix="lakehouse-test-jvm-"))
     config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
+    (directory / "spark-local").mkdir()
+    os.environ.setdefault(SPARK_SCRATCH_ENV, str(directory / "spark-local"))
     archive = directory / "classes.jsa"
     if build_archive(archive):
         os.environ[JAVA_OPTIONS_ENV] = f"{SUITE_JAVA_OPTIONS} {ARCHIVE_OPTION}{archive}"
