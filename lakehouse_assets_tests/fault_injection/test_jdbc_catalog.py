@@ -174,8 +174,10 @@ def test_both_pipelines_and_the_spark_host_run_on_a_standalone_cluster(lake, tmp
         app_dirs = cluster.application_dirs()
         assert len(app_dirs) == 2, f"expected one executor work dir per driver, found {app_dirs}"
         for app_dir in app_dirs:
-            # The executor fetched the Iceberg runtime from the driver (``spark.jars``) and ran tasks.
-            assert list(app_dir.glob(f"*/{ICEBERG_RUNTIME_JAR}")), f"no Iceberg jar fetched into {app_dir}"
+            # The executor fetched the Iceberg runtime and the JDBC driver from the driver
+            # (``spark.jars``) and ran tasks.
+            for jar in (ICEBERG_RUNTIME_JAR, Path(jdbc_driver_jar()).name):
+                assert list(app_dir.glob(f"*/{jar}")), f"no {jar} fetched into {app_dir}"
             executor_log = "\n".join(path.read_text(errors="replace") for path in app_dir.glob("*/stderr"))
             assert "Finished task" in executor_log, f"no task ran on the executor of {app_dir}"
 
