@@ -146,7 +146,7 @@ def test_both_pipelines_commit_exactly_once_and_pass_their_checks(lake, postgres
 
 
 def test_both_pipelines_and_the_spark_host_run_on_a_standalone_cluster(lake, tmp_path, monkeypatch):
-    """Long (40-90 s on a busy machine): a master, a worker, and two drivers each with an executor
+    """Long (45-95 s on a busy machine): a master, a worker, and two drivers each with an executor
     JVM on the cluster (a ``lakehouse run`` process and the Spark host). The Iceberg runtime jar
     and the JDBC driver reach the executors through ``spark.jars``; the storage is the local disk,
     which every process of one machine sees."""
