@@ -1,5 +1,7 @@
 """One catalog configuration mapped to Spark's and PyIceberg's clients, secrets from the environment."""
 
+import os
+
 import pytest
 
 from lakehouse_assets.catalog.catalogs import (
@@ -8,7 +10,7 @@ from lakehouse_assets.catalog.catalogs import (
     without_credentials,
 )
 from lakehouse_assets.config import parse_config
-from lakehouse_assets.engine.spark import catalog_conf, static_spark_conf
+from lakehouse_assets.engine.spark import MASTER_ENV, catalog_conf, static_spark_conf
 from lakehouse_assets.errors import ConfigError
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
@@ -104,12 +106,29 @@ def test_the_warehouse_defaults_to_the_storage_root_only_where_the_catalog_needs
     assert "spark.sql.catalog.lake.warehouse" not in catalog_conf(Lakehouse(rest, paths))
 
 
-def test_configured_jars_come_after_the_iceberg_runtime():
+def test_configured_jars_come_after_the_iceberg_runtime_on_a_cluster(monkeypatch):
+    monkeypatch.setenv(MASTER_ENV, "spark://cluster:7077")
     config = _config({"type": "hadoop", "warehouse": "/w"}, spark={"spark.jars": "/usr/share/java/postgresql.jar"})
 
-    jars = static_spark_conf(config)["spark.jars"].split(",")
+    conf = static_spark_conf(config)
 
+    jars = conf["spark.jars"].split(",")
     assert jars[0].endswith("iceberg-spark-runtime-3.5_2.12-1.10.2.jar") and jars[1] == "/usr/share/java/postgresql.jar"
+    assert "spark.driver.extraClassPath" not in conf
+
+
+def test_a_local_master_puts_the_local_jars_on_the_driver_class_path():
+    jars = "/usr/share/java/postgresql.jar,file:///opt/extra.jar,https://repo.example/remote.jar"
+    spark = {"spark.jars": jars, "spark.driver.extraClassPath": "/opt/mine/*"}
+    config = _config({"type": "hadoop", "warehouse": "/w"}, spark=spark)
+
+    conf = static_spark_conf(config)
+
+    class_path = conf["spark.driver.extraClassPath"].split(os.pathsep)
+    assert class_path[0].endswith("iceberg-spark-runtime-3.5_2.12-1.10.2.jar")
+    assert class_path[1:] == ["/usr/share/java/postgresql.jar", "/opt/extra.jar", "/opt/mine/*"]
+    # What is not a file here still reaches Spark, which fetches it.
+    assert conf["spark.jars"] == "https://repo.example/remote.jar"
 
 
 def test_the_storage_root_is_a_mounted_path_or_file_uri(tmp_path, monkeypatch):

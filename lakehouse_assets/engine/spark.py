@@ -10,6 +10,7 @@ import contextlib
 import os
 import threading
 from importlib import resources
+from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
@@ -65,12 +66,36 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log_settings()}",
     }
     conf.update(config.spark)
-    if "spark.jars.packages" not in config.spark:
-        # The Iceberg runtime first, then the jars the config adds (a JDBC catalog's driver, say).
-        conf["spark.jars"] = ",".join(filter(None, [iceberg_runtime_jar(), config.spark.get("spark.jars")]))
     if MASTER_ENV in os.environ:
         conf["spark.master"] = os.environ[MASTER_ENV]
+    if "spark.jars.packages" not in config.spark:
+        # The Iceberg runtime first, then the jars the config adds (a JDBC catalog's driver, say).
+        jars = [iceberg_runtime_jar(), *filter(None, conf.pop("spark.jars", "").split(","))]
+        conf.update(_jar_settings(jars, conf["spark.master"], config.spark.get("spark.driver.extraClassPath")))
     return conf
+
+
+def _jar_settings(jars: list[str], master: str, class_path: str | None) -> dict[str, str]:
+    """Where ``jars`` go: on a cluster, ``spark.jars``, which Spark serves to the executors. On a
+    local master the driver is the executor, so the jars that are files on this machine go on its
+    class path instead: Spark would otherwise copy each into its scratch directory on every start
+    (45 MB for the Iceberg runtime) and load them with a class loader of its own, from which a
+    class-data-sharing archive cannot map them."""
+    if not master.startswith("local"):
+        return {"spark.jars": ",".join(jars)}
+    files = {jar: path for jar in jars if (path := _local_path(jar)) is not None}
+    settings = {"spark.driver.extraClassPath": os.pathsep.join(filter(None, [*files.values(), class_path]))}
+    if elsewhere := [jar for jar in jars if jar not in files]:
+        settings["spark.jars"] = ",".join(elsewhere)
+    return settings
+
+
+def _local_path(jar: str) -> str | None:
+    """The path of ``jar`` when it is one file on this machine (a path or a ``file:`` URI)."""
+    parsed = urlparse(jar)
+    if parsed.scheme not in ("", "file") or parsed.netloc or "*" in jar:
+        return None
+    return parsed.path
 
 
 def catalog_conf(lake: Lakehouse) -> dict[str, str]:
