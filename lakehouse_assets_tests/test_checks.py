@@ -11,7 +11,7 @@ from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.quality import checks
 from lakehouse_assets.quality.duck import iceberg_connection
-from lakehouse_assets.runner import run_until_idle
+from lakehouse_assets.runner import IN_PROCESS_SPARK, run_until_idle
 from lakehouse_assets_tests.conftest import order_event
 
 pytestmark = pytest.mark.spark
@@ -109,12 +109,15 @@ def test_a_table_materialized_with_its_checks_as_the_ui_does_is_checked_once_in_
         asset_selection={names.staged_batches_key("orders")}
     )
     batch, _ = mint_next_batch(lake, lake.stream("orders"), drain=True)
-    assert staged.execute_in_process(instance=instance, run_config=writer_run_request(batch).run_config).success
+    # Spark in this process, as ``lakehouse run`` has it: where the engine runs is not this test's
+    # subject (``test_spark_host.py`` runs these steps on the host).
+    writer_config = {**writer_run_request(batch).run_config, "resources": IN_PROCESS_SPARK}
+    assert staged.execute_in_process(instance=instance, run_config=writer_config).success
 
     job = repository.get_implicit_global_asset_job_def().get_subset(
         asset_selection={key}, asset_check_selection=checks_of_table
     )
-    result = job.execute_in_process(instance=instance, raise_on_error=False)
+    result = job.execute_in_process(instance=instance, run_config={"resources": IN_PROCESS_SPARK}, raise_on_error=False)
 
     assert result.success
     [materialization] = result.asset_materializations_for_node(key.to_python_identifier())
