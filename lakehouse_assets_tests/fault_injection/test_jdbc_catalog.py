@@ -10,6 +10,7 @@ its catalog database (``CREATE DATABASE ... TEMPLATE``).
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import psycopg2
@@ -28,7 +29,6 @@ from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_
 from lakehouse_assets_tests.fault_injection.invariants import each_batch_committed_once, invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
     PIPELINE,
-    kill_at_then_restart,
     lakehouse_paused_at,
     land_round,
     run_lakehouse,
@@ -187,8 +187,13 @@ def test_both_pipelines_and_the_spark_host_run_on_a_standalone_cluster(lake, tmp
 def test_a_pipeline_killed_after_its_commit_recovers_exactly_once(lake):
     land_round(lake, 1)
 
-    # Killed and restarted cold: a new process gets the JDBC driver from the config's ``spark.jars`` alone.
-    kill_at_then_restart(faults.COMMITTER_AFTER_COMMIT, cold=True)
+    # Killed cold (the JVM dies with the process), restarted on this worker's warm JVM: a new
+    # process getting the JDBC driver from the config's ``spark.jars`` alone is what the racing
+    # committers below and the standalone cluster's driver each prove.
+    crashed = run_pipeline({faults.CRASH_ENV: faults.COMMITTER_AFTER_COMMIT}, cold=True)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-3000:] + crashed.stderr[-3000:]
+    restarted = run_pipeline()
+    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
 
     assert invariant_violations(lake) == []
 
