@@ -103,16 +103,16 @@ def test_an_error_on_the_host_reaches_the_caller_as_itself(lake, stops_hosts):
         call_on_host(lake, stage_batch, lake.stream("orders"), 7)
 
 
-def _host_with_fault(lake, monkeypatch, point: str) -> int:
-    """Replace the home's host by one with ``point`` armed (its environment is the caller's at
-    spawn), then disarm it for the hosts started after it; returns the armed host's process id."""
-    running = host_pid(lake)
-    if running is not None:
-        os.kill(running, signal.SIGKILL)
-    monkeypatch.setenv(faults.CRASH_ENV, point)
-    call_on_host(lake, _process_id)
-    monkeypatch.delenv(faults.CRASH_ENV)
-    return host_pid(lake)
+def _armed_host(lake, point: str) -> int:
+    """Arm the home's host (started now if none runs) to die at ``point``: a call sets the fault
+    point in the host's own environment, which it reads at each point. The hosts started after it
+    have the caller's environment, without it. Returns the armed host's process id."""
+    return call_on_host(lake, _arm, point)
+
+
+def _arm(_spark, _lake, point: str) -> int:
+    os.environ[faults.CRASH_ENV] = point
+    return os.getpid()
 
 
 def _process_id(_spark, _lake) -> int:
@@ -138,13 +138,13 @@ def _jvm_scratch(_spark, _lake) -> str:
 HOST_CRASH_POINTS = (faults.WRITER_AFTER_STAGING, faults.COMMITTER_BEFORE_COMMIT, faults.COMMITTER_AFTER_COMMIT)
 
 
-def test_a_host_killed_in_a_call_is_replaced_and_the_call_repeated(lake, monkeypatch, stops_hosts):
+def test_a_host_killed_in_a_call_is_replaced_and_the_call_repeated(lake, stops_hosts):
     stream = lake.stream("orders")
     for round_number, point in enumerate(HOST_CRASH_POINTS):
         first = round_number * 20 + 1
         land_events(lake.paths, stream, [order_event(i) for i in range(first, first + 20)])
         batch, _ = mint_next_batch(lake, stream, drain=True)
-        armed = _host_with_fault(lake, monkeypatch, point)
+        armed = _armed_host(lake, point)
 
         # The armed host dies at the point during one of the calls; the call is repeated on a new host.
         call_on_host(lake, stage_batch, stream, batch.sequence)
