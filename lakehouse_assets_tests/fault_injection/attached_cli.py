@@ -7,7 +7,8 @@ fault point are, unless the test asks for a cold one, this module: it connects P
 worker's JVM through the gateway the worker names (``PYSPARK_GATEWAY_PORT`` and
 ``PYSPARK_GATEWAY_SECRET``), wraps that JVM's Spark context and default session, and then runs
 the ``lakehouse`` command. Its sessions (one per home, ``lakehouse_session``), its locks and its
-Dagster runs are its own; the JVM is shared.
+Dagster runs are its own; the JVM is shared. The tests fork these processes from a server that
+imported this module once (``forked_processes``); ``python -m`` runs it alike.
 
 What such a kill does not reproduce (``docs/guarantees.md``): the JVM dying with the process, and
 a JVM of its own. Work the process had already handed to the JVM on another thread finishes there

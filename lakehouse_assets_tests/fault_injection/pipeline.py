@@ -26,7 +26,7 @@ from lakehouse_assets.config_loader import CONFIG_ENV, load_config
 from lakehouse_assets.engine.spark import jvm_session
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import HOME_ENV, STORAGE_ROOT_ENV
-from lakehouse_assets_tests.fault_injection import attached_cli
+from lakehouse_assets_tests.fault_injection.forked_processes import ForkedProcess, run_forked, start_forked
 from lakehouse_assets_tests.postgres_server import TEST_JVM_CLASS_PATH_ENV
 
 ORDERS = {
@@ -113,18 +113,21 @@ def run_lakehouse(
 ) -> Completed:
     """``lakehouse <arguments>`` with this test's homes and config (and ``extra_env``).
 
-    A separate process when it is to be killed or held at a fault point, needs a JVM of its own (a
-    Spark master), or is ``cold`` (see :func:`lakehouse_process_command`). Otherwise the same
+    A process of its own that starts its own JVM when it needs one (a Spark master) or is ``cold``
+    (:func:`lakehouse_process_command`); one attached to this worker's warm JVM, forked from the
+    fork server (``forked_processes``), when it is to be killed or held at a fault point. Otherwise the same
     command runs in this test process, on its warm JVM: that is what a restart after a kill, or a
     second host sharing only the catalog and the storage, needs to prove, and it costs seconds
     instead of a cold start. Locks still exclude each other: each is a process's own.
     """
     env = {**os.environ, **(extra_env or {})}
-    if cold or any(name in env for name in FAULT_ENVS) or _needs_own_jvm(extra_env):
-        command, process_environment = lakehouse_process_command(arguments, extra_env, cold)
+    if cold or _needs_own_jvm(extra_env):
+        command, process_environment = lakehouse_process_command(arguments, extra_env)
         return subprocess.run(
             command, env=process_environment, capture_output=True, text=True, timeout=timeout, check=False
         )
+    if any(name in env for name in FAULT_ENVS):
+        return run_forked(arguments, attached_process_env(extra_env), timeout)
     return run_lakehouse_in_this_process(arguments, extra_env or {})
 
 
@@ -134,18 +137,19 @@ def _needs_own_jvm(extra_env: dict[str, str] | None) -> bool:
 
 
 def lakehouse_process_command(
-    arguments: list[str], extra_env: dict[str, str] | None, cold: bool = False
+    arguments: list[str], extra_env: dict[str, str] | None
 ) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment of a ``lakehouse <arguments>`` process.
+    """The command line and environment of a ``lakehouse <arguments>`` process that starts a JVM of
+    its own, as a user runs it: a cold process (each family of fault points keeps one), or one
+    whose settings need a JVM of its own (a Spark master)."""
+    return [sys.executable, "-m", "lakehouse_assets.cli", *arguments], process_env(extra_env)
 
-    ``cold`` (each family of fault points keeps one), or with settings that need a JVM of its own:
-    the ``lakehouse`` command as a user runs it, starting its own JVM. Otherwise the process's
-    Spark is this worker's warm JVM (``attached_cli``): it is still a process of its own, killed or
-    held for real, without paying for a JVM's start.
-    """
-    if cold or _needs_own_jvm(extra_env):
-        return [sys.executable, "-m", "lakehouse_assets.cli", *arguments], process_env(extra_env)
-    return [sys.executable, "-m", attached_cli.__name__, *arguments], process_env(extra_env) | worker_gateway_env()
+
+def attached_process_env(extra_env: dict[str, str] | None) -> dict[str, str]:
+    """The environment of an attached process (``forked_processes``): its Spark is this worker's
+    warm JVM; it is still a process of its own, killed or held for real, without paying for a
+    JVM's start."""
+    return process_env(extra_env) | worker_gateway_env()
 
 
 def worker_gateway_env() -> dict[str, str]:
@@ -191,7 +195,9 @@ def kill_at_then_restart(point: str, cold: bool = False) -> None:
     assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
 
 
-def start_pipeline_process(extra_env: dict[str, str], log: Path, cold: bool = False) -> subprocess.Popen:
+def start_pipeline_process(
+    extra_env: dict[str, str], log: Path, cold: bool = False
+) -> subprocess.Popen | ForkedProcess:
     """Start ``lakehouse run --until-idle`` without waiting; output goes to ``log``."""
     return start_lakehouse_process(list(RUN_UNTIL_IDLE), extra_env, log, cold)
 
@@ -220,10 +226,12 @@ def lakehouse_paused_at(point: str, work: Path, arguments: tuple[str, ...] = RUN
 
 def start_lakehouse_process(
     arguments: list[str], extra_env: dict[str, str], log: Path, cold: bool = False
-) -> subprocess.Popen:
-    """Start ``lakehouse <arguments>`` without waiting (see :func:`lakehouse_process_command`);
+) -> subprocess.Popen | ForkedProcess:
+    """Start ``lakehouse <arguments>`` without waiting, cold or attached (see :func:`run_lakehouse`);
     output goes to ``log``."""
-    command, process_environment = lakehouse_process_command(arguments, extra_env, cold)
+    if not (cold or _needs_own_jvm(extra_env)):
+        return start_forked(list(arguments), attached_process_env(extra_env), log)
+    command, process_environment = lakehouse_process_command(arguments, extra_env)
     handle = open(log, "w")  # noqa: SIM115 - closed by the process's end
     return subprocess.Popen(command, env=process_environment, stdout=handle, stderr=subprocess.STDOUT, text=True)
 
