@@ -146,10 +146,10 @@ def test_both_pipelines_commit_exactly_once_and_pass_their_checks(lake, postgres
 
 
 def test_both_pipelines_and_the_spark_host_run_on_a_standalone_cluster(lake, tmp_path, monkeypatch):
-    """Long (45-95 s on a busy machine): a master, a worker, and two drivers each with an executor
-    JVM on the cluster (a ``lakehouse run`` process and the Spark host). The Iceberg runtime jar
-    and the JDBC driver reach the executors through ``spark.jars``; the storage is the local disk,
-    which every process of one machine sees."""
+    """Long (45-115 s on a busy machine: six JVMs on two cores): a master, a worker, and two
+    drivers each with an executor JVM on the cluster (a ``lakehouse run`` process and the Spark
+    host). The Iceberg runtime jar and the JDBC driver reach the executors through ``spark.jars``;
+    the storage is the local disk, which every process of one machine sees."""
     land_round(lake, 1)
 
     with standalone_cluster(tmp_path / "cluster") as cluster:
@@ -265,7 +265,7 @@ def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each
 
 
 def test_two_hosts_maintaining_one_table_at_once_keep_recovery_exactly_once(lake, tmp_path):
-    """Long (about 70 s): host A is two real processes held at a fault point, while host B commits
+    """Long (45-70 s): host A is two real processes held at a fault point, while host B commits
     five rounds and maintains (compaction, expiry, orphan removal) twice."""
     host_b = _second_host(lake, tmp_path)
 
