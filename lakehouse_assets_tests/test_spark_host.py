@@ -223,10 +223,17 @@ def test_a_host_that_does_not_answer_within_the_call_timeout_is_killed(tmp_path,
     assert call_on_host(lake, _process_id) != host, "the next call starts a new host"
 
 
-def _exit_status(pid: int) -> int | None:
-    """The exit code of a host this test process started (its child), waiting for it."""
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+def _exit_status(pid: int, timeout: float = 60.0) -> int | None:
+    """The exit code of a host this test process started (its child), waiting up to ``timeout``
+    seconds for it; None if it still runs (a host that was to exit or be killed idles for 10 min)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        exited, status = os.waitpid(pid, os.WNOHANG)
+        if exited:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
 
 
 def _started_host(lake) -> int:
