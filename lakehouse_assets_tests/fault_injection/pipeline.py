@@ -115,10 +115,10 @@ def run_lakehouse(
 
     A process of its own that starts its own JVM when it needs one (a Spark master) or is ``cold``
     (:func:`lakehouse_process_command`); one attached to this worker's warm JVM, forked from the
-    fork server (``forked_processes``), when it is to be killed or held at a fault point. Otherwise the same
-    command runs in this test process, on its warm JVM: that is what a restart after a kill, or a
-    second host sharing only the catalog and the storage, needs to prove, and it costs seconds
-    instead of a cold start. Locks still exclude each other: each is a process's own.
+    fork server (``forked_processes``), when it is to be killed or held at a fault point.
+    Otherwise the same command runs in this test process, on its warm JVM: that is what a restart
+    after a kill, or a second host sharing only the catalog and the storage, needs to prove, and it
+    costs seconds instead of a cold start. Locks still exclude each other: each is a process's own.
     """
     env = {**os.environ, **(extra_env or {})}
     if cold or _needs_own_jvm(extra_env):
