@@ -18,7 +18,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_kills_of_every_runtime_process_under_dagster_dev_heal_without_an_operator(tmp_path):
-    """Long (95-180 s, the most beside the suite's other workers): ``dagster dev`` starts twice,
+    """Long (95-190 s, the most beside the suite's other workers): ``dagster dev`` starts twice,
     events land for 42 s, then the drain, which takes a minute more when the whole ``dagster dev``
     was killed while a run was starting (run monitoring fails that run after its 60 s start
     timeout in ``dagster.yaml``; then its batch runs again). Seed 3 kills at 5.5, 11.6, 17.3,

@@ -265,7 +265,7 @@ def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each
 
 
 def test_two_hosts_maintaining_one_table_at_once_keep_recovery_exactly_once(lake, tmp_path):
-    """Long (45-70 s): host A is two real processes held at a fault point, while host B commits
+    """Long (40-75 s): host A is two real processes held at a fault point, while host B commits
     five rounds and maintains (compaction, expiry, orphan removal) twice."""
     host_b = _second_host(lake, tmp_path)
 
