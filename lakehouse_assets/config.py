@@ -231,15 +231,84 @@ class IcebergSourceSpec(_Strict):
         return value
 
 
+KAFKA_METADATA = ("topic", "partition", "offset", "timestamp", "key", "headers")
+"""What of a Kafka record a stream may keep as a column (``source.kafka.metadata_columns``)."""
+KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+class KafkaSecuritySpec(_Strict):
+    """How the clients authenticate to the brokers; given to both Kafka clients (the sensor's
+    librdkafka and Spark's Java client). Write secrets ``${env:NAME}``: they are read when a client
+    is made and never logged."""
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    ssl_ca_location: str | None = None
+    """A PEM file of the certificate authorities the brokers' certificates are checked against."""
+
+    @model_validator(mode="after")
+    def _sasl_has_credentials(self) -> KafkaSecuritySpec:
+        if self.protocol.startswith("SASL") and not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
+            raise ValueError(f"protocol {self.protocol} needs sasl_mechanism, sasl_username and sasl_password")
+        return self
+
+
+class KafkaSourceSpec(_Strict):
+    """A Kafka topic (or every topic matching ``topic_pattern``) read by offset range: each batch is
+    a range per partition, and each commit records the offsets it reached in the table."""
+
+    bootstrap_servers: str
+    topic: str | None = None
+    topic_pattern: str | None = None
+    """A Java regular expression over topic names (``orders\\..*``); topics that appear later are
+    picked up from their first offset."""
+    format: Literal["json", "debezium"] = "json"
+    """``json``: each record's value is the row; ``debezium``: a Debezium change envelope."""
+    metadata_columns: dict[str, str] = Field(default_factory=dict)
+    """Columns filled from the record rather than its value: column name -> one of topic,
+    partition, offset, timestamp, key, headers (headers as a JSON object of text)."""
+    on_records_lost: Literal["fail", "skip"] = "fail"
+    """Offsets deleted from the log (retention) before the stream read them: ``fail`` the batch
+    with an error naming each partition and range, or ``skip`` them, recording the lost ranges in
+    the commit's summary (``lakehouse.kafka-lost-offsets``) and the batch's metadata."""
+    max_records: int = Field(default=5_000_000, gt=0)
+    """A batch takes at most this many offsets (spread over the partitions by their lag)."""
+    security: KafkaSecuritySpec = Field(default_factory=KafkaSecuritySpec)
+    properties: StringMap = Field(default_factory=dict)
+    """Further settings of Spark's Kafka consumer (Java client names, e.g. ``fetch.max.bytes``)."""
+
+    @model_validator(mode="after")
+    def _one_topic_selector(self) -> KafkaSourceSpec:
+        if (self.topic is None) == (self.topic_pattern is None):
+            raise ValueError("name the topic or the topics: set exactly one of topic and topic_pattern")
+        if self.topic is not None and not KAFKA_TOPIC.fullmatch(self.topic):
+            raise ValueError(f"topic {self.topic!r} is not a Kafka topic name (letters, digits, '.', '_', '-')")
+        if self.topic_pattern is not None:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as error:
+                raise ValueError(f"topic_pattern {self.topic_pattern!r}: {error}") from None
+        for column, field in self.metadata_columns.items():
+            if field not in KAFKA_METADATA:
+                raise ValueError(f"metadata_columns: {column!r}: {field!r} is not one of {', '.join(KAFKA_METADATA)}")
+            if not IDENTIFIER_PART.fullmatch(column):
+                raise ValueError(f"metadata_columns: {column!r} is not a column name (letters, digits and _)")
+        return self
+
+
 class SourceSpec(_Strict):
     landing: LandingSourceSpec | None = None
     iceberg: IcebergSourceSpec | None = None
+    kafka: KafkaSourceSpec | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> SourceSpec:
-        if (self.landing is None) == (self.iceberg is None):
+        if sum(source is not None for source in (self.landing, self.iceberg, self.kafka)) != 1:
             raise ValueError(
-                "a stream needs exactly one source: source: {landing: {}} or source: {iceberg: {table: ...}}"
+                "a stream needs exactly one source: source: {landing: {}}, source: {iceberg: {table: ...}} "
+                "or source: {kafka: {bootstrap_servers: ..., topic: ...}}"
             )
         return self
 
@@ -369,6 +438,8 @@ class StreamSpec(_Strict):
             raise ValueError("table_location: a dynamic table_identifier routes to several tables; remove it")
         if self.source.iceberg:
             raise ValueError("table_identifier: a stream from an Iceberg source writes one table; name it")
+        if self.source.kafka:
+            raise ValueError("table_identifier: routing by event is for landing streams; name the Kafka stream's table")
         return self
 
     @model_validator(mode="after")
@@ -444,8 +515,13 @@ class StreamSpec(_Strict):
         return f"source_{self.name}" if self.iceberg_source and self.iceberg_source.catalog else "lake"
 
     @property
+    def kafka_source(self) -> KafkaSourceSpec | None:
+        return self.source.kafka
+
+    @property
     def is_debezium(self) -> bool:
-        return self.source.landing is not None and self.source.landing.format == "debezium"
+        source = self.source.landing or self.source.kafka
+        return source is not None and source.format == "debezium"
 
     @property
     def applies_changes(self) -> bool:

@@ -46,6 +46,19 @@ class MintedBatch:
     bytes: int
     oldest_landed_at: float
     minted_at: float
+    offsets: dict[str, list[int]] = field(default_factory=dict)
+    """A Kafka stream's batch: ``[start, end)`` offsets per ``<topic>/<partition>``, every known
+    partition of the stream (``start == end`` where the batch holds none); no landing files."""
+
+    @property
+    def end_offsets(self) -> dict[str, int]:
+        """Where each partition's next batch starts (a Kafka stream's batch)."""
+        return {name: end for name, (_, end) in self.offsets.items()}
+
+    @property
+    def records(self) -> int:
+        """Offsets the batch spans (a Kafka stream's; markers and aborted records included)."""
+        return sum(end - start for start, end in self.offsets.values())
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,9 @@ class StagedBatch:
     staged_snapshot: int | None = None
     """The table's staged snapshot holding the batch's rows (written once, see ``staging``); None
     when the rows are in the staged Parquet."""
+    lost_offsets: dict[str, list[int]] = field(default_factory=dict)
+    """A Kafka batch whose first offsets had been deleted from the log when it was staged, with
+    ``source.kafka.on_records_lost: skip``: the ``[start, end)`` lost per partition."""
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ class LakehouseCommit:
     timestamp_ms: int
     watermark: str | None = None
     landing_files: tuple[str, ...] = ()
+    kafka_offsets: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,13 @@ class Checkpoint:
     watermarks: dict[str, str] = field(default_factory=dict)
     landing_files: dict[str, list[str]] = field(default_factory=dict)
     """Per stream, landing files of the covered commits (maintenance keeps those still landed)."""
+    kafka_offsets: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per Kafka stream, the offsets its commits reached in each partition."""
 
     def to_json(self) -> str:
         fields = {"snapshot-id": self.snapshot_id, "sequences": self.sequences, "watermarks": self.watermarks}
         fields["landing-files"] = self.landing_files
+        fields["kafka-offsets"] = self.kafka_offsets
         return json.dumps({**fields, "net-rows": self.net_rows, "epoch": self.epoch}, sort_keys=True)
 
     @classmethod
@@ -84,6 +88,7 @@ class Checkpoint:
             value["epoch"],
             value.get("watermarks", {}),
             value.get("landing-files", {}),
+            value.get("kafka-offsets", {}),
         )
 
 
@@ -115,6 +120,10 @@ class CommitHistory:
                 files.update(commit.landing_files)
         return files
 
+    def kafka_offsets(self, stream: str) -> dict[str, int]:
+        """The offsets a Kafka stream's commits reached per partition (empty before its first)."""
+        return self.checkpoint_at(None).kafka_offsets.get(stream, {})
+
     def watermark(self, stream: str) -> str | None:
         """The stream's event-time watermark (ISO 8601, UTC) after its last commit, if it has one."""
         return self.checkpoint_at(None).watermarks.get(stream)
@@ -134,6 +143,7 @@ class CommitHistory:
         sequences = dict(self.base.sequences) if self.base else {}
         watermarks = dict(self.base.watermarks) if self.base else {}
         landing_files = {stream: list(files) for stream, files in self.base.landing_files.items()} if self.base else {}
+        kafka = {stream: dict(offsets) for stream, offsets in self.base.kafka_offsets.items()} if self.base else {}
         net_rows, epoch = (self.base.net_rows, self.base.epoch) if self.base else (0, 0)
         last_id = self.base.snapshot_id if self.base else 0
         for snapshot in self.snapshots:
@@ -145,10 +155,13 @@ class CommitHistory:
                 if commit.watermark:
                     watermarks[commit.stream] = max(watermarks.get(commit.stream, ""), commit.watermark)
                 landing_files.setdefault(commit.stream, []).extend(commit.landing_files)
+                reached = kafka.setdefault(commit.stream, {}) if commit.kafka_offsets else {}
+                for name, offset in commit.kafka_offsets.items():
+                    reached[name] = max(reached.get(name, offset), offset)
             last_id = snapshot.snapshot_id
             if snapshot.snapshot_id == snapshot_id:
                 break
-        return Checkpoint(last_id, sequences, net_rows, epoch, watermarks, landing_files)
+        return Checkpoint(last_id, sequences, net_rows, epoch, watermarks, landing_files, kafka)
 
 
 def _as_commit(snapshot: Snapshot) -> LakehouseCommit | None:
@@ -169,6 +182,7 @@ def _as_commit(snapshot: Snapshot) -> LakehouseCommit | None:
         timestamp_ms=snapshot.timestamp_ms,
         watermark=summary.get(summary_keys.WATERMARK) or None,
         landing_files=tuple(json.loads(summary.get(summary_keys.LANDING_FILES, "[]"))),
+        kafka_offsets=json.loads(summary.get(summary_keys.KAFKA_OFFSETS, "{}")),
     )
 
 

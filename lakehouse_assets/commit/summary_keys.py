@@ -31,6 +31,11 @@ SOURCE_SNAPSHOT = "lakehouse.source-snapshot"
 LANDING_FILES = "lakehouse.landing-files"
 """The landing files of the commit's batches (a JSON list of names): the table's own record of
 which landing files are committed, so a lost staging ledger cannot batch them again."""
+KAFKA_OFFSETS = "lakehouse.kafka-offsets"
+"""A Kafka stream's commit: the offset its next batch starts at in every partition (a JSON object
+``{"<topic>/<partition>": offset}``), the table's own record of how far the stream has read."""
+KAFKA_LOST_OFFSETS = "lakehouse.kafka-lost-offsets"
+"""Offsets the commit's batches skipped because the log had deleted them (``on_records_lost: skip``)."""
 
 
 def format_batch_range(first: int, last: int) -> str:
@@ -55,19 +60,37 @@ def commit_summary(
 ) -> dict[str, str]:
     """The ``lakehouse.*`` keys of one commit of ``stream``'s ``batches`` (in sequence order)."""
     files = [name for record in batches for name in record.minted.files]
+    if batches[-1].minted.offsets:
+        source = _kafka_summary(batches)
+    else:
+        # An Iceberg source's landing files are named by source snapshot, in order (replays are not).
+        source_snapshots = [snapshot for name in files if (snapshot := source_snapshot_of(name))]
+        source = {SOURCE_SNAPSHOT: str(source_snapshots[-1])} if source_snapshots else {}
+        source |= {
+            SOURCE_OFFSETS: json.dumps({"files": len(files), "first": files[0], "last": files[-1]}),
+            LANDING_FILES: json.dumps(files),
+        }
     event_times = [r.staged_batch.max_event_time for r in batches if r.staged_batch.max_event_time]
-    # An Iceberg source's landing files are named by source snapshot, in order (replays are not).
-    source_snapshots = [snapshot for name in files if (snapshot := source_snapshot_of(name))]
-    source = {SOURCE_SNAPSHOT: str(source_snapshots[-1])} if source_snapshots else {}
     return source | {
         STREAM: stream,
         COMMIT_SEQUENCE: str(batches[-1].sequence),
         BATCH_RANGE: format_batch_range(batches[0].sequence, batches[-1].sequence),
         ROWS: str(rows),
         NET_ROWS: str(net_rows),
-        SOURCE_OFFSETS: json.dumps({"files": len(files), "first": files[0], "last": files[-1]}),
-        LANDING_FILES: json.dumps(files),
         MAX_EVENT_TIME: max(event_times) if event_times else "",
         COMMITTER_EPOCH: str(stamp.epoch),
         COMMITTER_RUN: stamp.run_id,
     }
+
+
+def _kafka_summary(batches: list[BatchRecord]) -> dict[str, str]:
+    """A Kafka stream's commit: the offsets it reached, the ranges it covers, what it skipped."""
+    first = batches[0].minted.offsets
+    reached = batches[-1].minted.end_offsets
+    covered = {name: [first[name][0] if name in first else end, end] for name, end in reached.items()}
+    lost: dict[str, list[list[int]]] = {}
+    for record in batches:
+        for name, bounds in record.staged_batch.lost_offsets.items():
+            lost.setdefault(name, []).append(bounds)
+    summary = {KAFKA_OFFSETS: json.dumps(reached, sort_keys=True), SOURCE_OFFSETS: json.dumps(covered, sort_keys=True)}
+    return summary | ({KAFKA_LOST_OFFSETS: json.dumps(lost, sort_keys=True)} if lost else {})

@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from lakehouse_assets.catalog.catalogs import HADOOP, spark_catalog_properties
 from lakehouse_assets.catalog.table_metadata import CATALOG_NAME, is_hadoop_catalog
 from lakehouse_assets.config import LakehouseConfig
+from lakehouse_assets.engine.connectors import SPARK_KAFKA, connector_jars
 from lakehouse_assets.engine.java_runtime import ensure_java_home
 from lakehouse_assets.engine.jvm import jvm as spark_jvm
 from lakehouse_assets.engine.jvm import resolve_names_once
@@ -41,7 +42,8 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
     """JVM-wide settings: the Iceberg runtime jar, UTC, small shuffles, then the config's ``spark`` map.
 
     Users who reach Maven can set ``spark.jars.packages`` in the ``spark`` map instead of the
-    packaged jar; ``LAKEHOUSE_SPARK_MASTER`` overrides the master for one process.
+    packaged jar (and of the Kafka source's jars, which a Kafka stream otherwise brings from the
+    connector cache, ``connectors.py``); ``LAKEHOUSE_SPARK_MASTER`` overrides the master for one process.
     """
     conf = {
         "spark.master": "local[2]",
@@ -71,6 +73,8 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
     if "spark.jars.packages" not in config.spark:
         # The Iceberg runtime first, then the jars the config adds (a JDBC catalog's driver, say).
         jars = [iceberg_runtime_jar(), *filter(None, conf.pop("spark.jars", "").split(","))]
+        if any(stream.kafka_source for stream in config.streams):
+            jars += connector_jars(SPARK_KAFKA)
         conf.update(_jar_settings(jars, conf["spark.master"], config.spark.get("spark.driver.extraClassPath")))
     return conf
 

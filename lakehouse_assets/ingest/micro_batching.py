@@ -23,6 +23,7 @@ from lakehouse_assets.batches.ledger import MintedBatch, StreamLedger
 from lakehouse_assets.commit.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH, committed_landing_files, committed_state
 from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.ingest.kafka_batching import mint_next_kafka_batch
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 
@@ -114,8 +115,10 @@ def mint_next_batch(
     Holds the stream's minting lock, so two sensors can never put one file in two batches. The
     sequence continues after both the ledger and the table's ancestry, and files the ancestry
     names are never batched again, so a wiped ledger neither reuses a committed sequence nor
-    appends a committed file twice.
+    appends a committed file twice. A Kafka stream cuts offset ranges instead (``kafka_batching``).
     """
+    if stream.kafka_source:
+        return mint_next_kafka_batch(lake, stream, now, drain)
     ledger = lake.ledger(stream.name)
     with exclusive_lock(stream_lock_file(lake.paths.locks, stream.name)):
         now = time.time() if now is None else now

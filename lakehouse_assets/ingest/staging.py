@@ -41,6 +41,7 @@ from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.conversion import convert_events, convert_parsed_events, row_fields, with_iceberg_types
 from lakehouse_assets.ingest.inference import SAMPLE_EVENTS, infer_columns
+from lakehouse_assets.ingest.kafka_reader import read_kafka_lines
 from lakehouse_assets.ingest.landing_reader import read_landing_lines
 from lakehouse_assets.ingest.parsed_lines import read_parsed_events
 from lakehouse_assets.ingest.quarantine import SPARK_ERRORS, isolate_failing_lines, quarantined_events, without_failing
@@ -49,6 +50,7 @@ from lakehouse_assets.ingest.staged_events import staged_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.source.iceberg_source import source_columns
+from lakehouse_assets.source.kafka_log import KafkaLog, lost_offsets, records_lost_error
 
 # Event times in the ledger and in snapshot summaries: ISO 8601 in UTC (the session time zone), so
 # they compare correctly as strings.
@@ -100,6 +102,15 @@ def landing_files(paths: LakehousePaths, stream: StreamSpec, record: BatchRecord
     return [str(directory / name) for name in record.minted.files]
 
 
+def kafka_lost_offsets(stream: StreamSpec, record: BatchRecord) -> dict[str, list[int]]:
+    """The offsets of a Kafka batch the log deleted before it was read: none, or the lost ranges
+    with ``on_records_lost: skip``; KafkaRecordsLostError naming them otherwise."""
+    lost = lost_offsets(record.minted.offsets, KafkaLog(stream).partitions())
+    if lost and (stream.kafka_source is None or stream.kafka_source.on_records_lost == "fail"):
+        raise records_lost_error(stream, record.sequence, lost)
+    return lost
+
+
 def batch_figures(stream: StreamSpec, table_schema: T.StructType) -> list[Column]:
     """The figures the ledger records of a staged batch, as aggregates over its staged rows: rows,
     deletes, rejected events and the event-time range."""
@@ -142,6 +153,7 @@ def writes_once(lake: Lakehouse, stream: StreamSpec, identifier_columns: list[st
         and not stream.schema_evolution
         and stream.completeness is None
         and not stream.iceberg_source
+        and not stream.kafka_source
         and not lake.config.audits(stream.table_identifier)
     )
 
@@ -241,12 +253,16 @@ def stage_batch(
     if record.staged:
         return StagingOutcome(record.staged, False, tuple(minted.files), minted.bytes)
 
-    files = landing_files(lake.paths, stream, record)
+    files = [] if stream.kafka_source else landing_files(lake.paths, stream, record)
+    lost = kafka_lost_offsets(stream, record) if stream.kafka_source else {}
 
     @cache
     def lines() -> DataFrame:
         # Planned only when needed: a batch the JSON file reader reads, with no rejected events,
         # never needs its lines' text.
+        if stream.kafka_source:
+            ranges = {name: [lost.get(name, [start, start])[1], end] for name, (start, end) in minted.offsets.items()}
+            return read_kafka_lines(spark, stream, ranges)
         return read_landing_lines(spark, files, input_links(record))
 
     # Called only when the table must be created without declared columns.
@@ -289,7 +305,7 @@ def stage_batch(
         frame = converted(without_failing(lines(), failing)).unionByName(quarantined)
         metrics = _write_observed(frame, stream, table_schema, sequence, attempt_dir)
     crash_point(faults.WRITER_AFTER_STAGING)
-    return record_attempt(ledger, record, attempt, metrics, run_id, added, staged_snapshot)
+    return record_attempt(ledger, record, attempt, metrics, run_id, added, staged_snapshot, lost)
 
 
 def record_attempt(
@@ -300,6 +316,7 @@ def record_attempt(
     run_id: str | None,
     added: dict[str, str],
     staged_snapshot: int | None = None,
+    lost_offsets: dict[str, list[int]] | None = None,
 ) -> StagingOutcome:
     """Record a written attempt (``figures`` from ``batch_figures``, its rows in the staged
     Parquet or in ``staged_snapshot``) as the batch's staged data unless another attempt won
@@ -316,6 +333,7 @@ def record_attempt(
         run_id=run_id,
         new_columns=added,
         staged_snapshot=staged_snapshot,
+        lost_offsets=lost_offsets or {},
     )
     minted = record.minted
     if ledger.record_staged(staged):
