@@ -212,6 +212,15 @@ def _print_status(entries: list[dict]) -> None:
             )
             if stream["held_back"]:
                 print(f"    {stream['held_back']}")
+            if stream.get("kafka_error"):
+                print(f"    kafka: {stream['kafka_error']}")
+            elif "kafka_partitions" in stream:
+                print(f"    kafka: {stream['kafka_lag']} records not committed")
+                for partition in stream["kafka_partitions"]:
+                    print(
+                        f"      {partition['partition']}: committed offset {partition['committed_offset']}, "
+                        f"end {partition['end_offset']}, lag {partition['lag']}"
+                    )
             if "source_table" in stream:
                 print(
                     f"    source {stream['source_table']}: synced through snapshot "

@@ -12,8 +12,10 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.defs.commit_reports import report_commit_pass
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.fan_in import commit_new_routes
+from lakehouse_assets.ingest.kafka_batching import kafka_progress
 from lakehouse_assets.ingest.routing import route_batches
 from lakehouse_assets.ingest.staging import minted_record, stage_batch
+from lakehouse_assets.lakehouse import Lakehouse
 
 NEW_TABLES_NAMED = 10
 """How many new routed tables the router's warning names (the metadata lists them all)."""
@@ -58,8 +60,12 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
             f"batch {staged.sequence}: {staged.rows} rows staged, {staged.rejected} rejected"
             + ("" if outcome.written_now else " (already staged by an earlier attempt)")
         )
+        kafka = _kafka_metadata(lake, lake.stream(stream.name), config.sequence) if stream.kafka_source else {}
+        if kafka.get("kafka_lost_offsets"):
+            context.log.warning(f"batch {staged.sequence}: skipped offsets the log had deleted: {staged.lost_offsets}")
         return dg.MaterializeResult(
-            metadata={
+            metadata=kafka
+            | {
                 "sequence": staged.sequence,
                 "rows": staged.rows,
                 "rejected": staged.rejected,
@@ -78,6 +84,21 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
         )
 
     return staged_batches
+
+
+def _kafka_metadata(lake: Lakehouse, stream: StreamSpec, sequence: int) -> dict[str, dg.MetadataValue]:
+    """A Kafka batch's offset ranges and what it skipped, and per partition the offset committed to
+    the table and the lag behind the log's end."""
+    record = lake.ledger(stream.name).require(sequence)
+    progress = kafka_progress(lake, stream)
+    lost = record.staged.lost_offsets if record.staged else {}
+    return {
+        "kafka_offsets": dg.MetadataValue.json(record.minted.offsets),
+        "kafka_records": dg.MetadataValue.int(record.minted.records),
+        "kafka_lost_offsets": dg.MetadataValue.json(lost),
+        "kafka_partitions": dg.MetadataValue.json(progress.partitions),
+        "kafka_lag": dg.MetadataValue.text(str(progress.lag if progress.error is None else progress.error)),
+    }
 
 
 def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.AssetsDefinition:

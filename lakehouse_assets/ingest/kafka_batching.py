@@ -15,7 +15,9 @@ only a trigger, never a record of what is committed; losing it restarts the age.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lakehouse_assets.batches.ledger import MintedBatch
 from lakehouse_assets.commit.locks import exclusive_lock, stream_lock_file
@@ -147,3 +149,39 @@ def mint_next_kafka_batch(
         if offsets == ranges:  # what the batch left behind has been pending since ``since``
             (ledger.root / LAG_SINCE_FILE).unlink(missing_ok=True)
         return batch, f"{reason}: {lag}"
+
+
+@dataclass(frozen=True)
+class KafkaProgress:
+    """Per partition the offset committed to the table, the log's last stable offset and the lag
+    (offsets not committed yet); or why the brokers could not be asked."""
+
+    partitions: list[dict[str, Any]]
+    lag: int | None
+    error: str | None = None
+
+    def as_status(self) -> dict[str, Any]:
+        return {"kafka_partitions": self.partitions, "kafka_lag": self.lag, "kafka_error": self.error}
+
+
+def kafka_progress(lake: Lakehouse, stream: StreamSpec) -> KafkaProgress:
+    """How far the stream's table is behind its topics, for ``lakehouse status`` and the UI."""
+    committed = table_history(lake.table(stream.table_identifier)).kafka_offsets(stream.name)
+    try:
+        log = KafkaLog(stream).partitions()
+    except LakehouseError as error:
+        return KafkaProgress([], None, str(error))
+    partitions = []
+    for name, partition in log.items():
+        reached = committed.get(name, partition.first)
+        partitions.append(
+            {
+                "partition": name,
+                "committed_offset": reached,
+                "end_offset": partition.end,
+                "lag": partition.end - reached,
+            }
+        )
+    return KafkaProgress(
+        partitions, sum(partition.end - committed.get(name, partition.first) for name, partition in log.items())
+    )

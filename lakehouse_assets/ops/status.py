@@ -13,6 +13,7 @@ from lakehouse_assets.commit.recovery import committed_state
 from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import blocking_check_names
+from lakehouse_assets.ingest.kafka_batching import kafka_progress
 from lakehouse_assets.ingest.micro_batching import backpressure, pending_files
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.quality.lag import stream_lag_seconds
@@ -91,6 +92,7 @@ def lakehouse_status(lake: Lakehouse, instance: dg.DagsterInstance | None) -> li
                     "held_back": backpressure(ledger, stream, state.sequence),
                 }
                 | _source_progress(lake, stream)
+                | (kafka_progress(lake, stream).as_status() if stream.kafka_source else {})
             )
         report.append(
             {
