@@ -17,7 +17,9 @@ import yaml
 
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.engine.connectors import SPARK_KAFKA, connector_jars, connector_jars_if_fetched
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.ops.kafka_broker import LocalBroker, local_broker
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets_tests.class_data_archive import ARCHIVE_OPTION, build_archive
 from lakehouse_assets_tests.postgres_server import (
@@ -39,8 +41,11 @@ os.environ.setdefault(JAVA_OPTIONS_ENV, SUITE_JAVA_OPTIONS)
 # catalog tests run their rounds on it, warm, as the other fault tests do. The ``lakehouse``
 # processes a test starts are not given it (``fault_injection.pipeline.process_env``): there the
 # driver comes from the config's ``spark.jars``, as a user's does.
-if (jdbc_driver := jdbc_driver_class_path()) is not None:
-    os.environ.setdefault(TEST_JVM_CLASS_PATH_ENV, jdbc_driver)
+# A test process's own JVM also has Spark's Kafka source (fetched by ``pytest_configure``): one
+# JVM serves every configuration of its tests, the Kafka streams' among them.
+if not os.environ.get(TEST_JVM_CLASS_PATH_ENV):
+    found = [jdbc_driver_class_path(), *connector_jars_if_fetched(SPARK_KAFKA)]
+    os.environ[TEST_JVM_CLASS_PATH_ENV] = os.pathsep.join(jar for jar in found if jar)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,6 +55,11 @@ def pytest_configure(config: pytest.Config) -> None:
     makes), and build the class-data-sharing archive every JVM of the session then starts from."""
     if hasattr(config, "workerinput") or "not spark" in config.option.markexpr:
         return
+    if not connector_jars_if_fetched(SPARK_KAFKA):
+        connector_jars(SPARK_KAFKA)  # Maven is needed: a machine without it fails the run here
+        os.environ[TEST_JVM_CLASS_PATH_ENV] = os.pathsep.join(
+            filter(None, [jdbc_driver_class_path(), *connector_jars_if_fetched(SPARK_KAFKA)])
+        )
     if os.environ[JAVA_OPTIONS_ENV] != SUITE_JAVA_OPTIONS:
         return
     directory = Path(tempfile.mkdtemp(prefix="lakehouse-test-jvm-"))
@@ -79,6 +89,7 @@ LONGEST_FILES = (
     "test_changes.py",
     "fault_injection/test_audit_faults.py",
     "test_http_source.py",
+    "test_kafka.py",
 )
 TESTS_ROOT = Path(__file__).resolve().parent
 
@@ -166,6 +177,18 @@ def postgres() -> Iterator[PostgresServer]:
     """A throwaway PostgreSQL server for the tests that need a real catalog database."""
     with postgres_server() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[LocalBroker]:
+    """A local Kafka broker (KRaft, one node) from the jars Maven fetches; a machine without Maven
+    or Java fails the tests that need it, never skips them."""
+    directory = Path(tempfile.mkdtemp(prefix="lakehouse-test-kafka-"))
+    try:
+        with local_broker(directory) as broker:
+            yield broker
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

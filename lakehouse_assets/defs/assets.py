@@ -61,7 +61,7 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
             + ("" if outcome.written_now else " (already staged by an earlier attempt)")
         )
         kafka = _kafka_metadata(lake, lake.stream(stream.name), config.sequence) if stream.kafka_source else {}
-        if kafka.get("kafka_lost_offsets"):
+        if staged.lost_offsets:
             context.log.warning(f"batch {staged.sequence}: skipped offsets the log had deleted: {staged.lost_offsets}")
         return dg.MaterializeResult(
             metadata=kafka

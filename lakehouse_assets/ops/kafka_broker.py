@@ -28,6 +28,8 @@ from lakehouse_assets.errors import LakehouseError
 START_TIMEOUT_SECONDS = 90.0
 STOP_TIMEOUT_SECONDS = 20.0
 BROKER_HEAP = "-Xmx512m"
+JAVA_OPTIONS_ENV = "JAVA_TOOL_OPTIONS"
+"""Not passed on: options meant for Spark's JVMs (a class-data archive of Spark's class path)."""
 
 
 def free_port() -> int:
@@ -48,6 +50,9 @@ class LocalBroker:
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def _environment(self) -> dict[str, str]:
+        return {name: value for name, value in os.environ.items() if name != JAVA_OPTIONS_ENV}
 
     def _java(self) -> list[str]:
         java = str(Path(ensure_java_home()) / "bin" / "java")
@@ -82,7 +87,7 @@ class LocalBroker:
             return
         cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         command = [*self._java(), "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(self._settings())]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, check=False, env=self._environment())
         if done.returncode != 0:
             raise LakehouseError(f"could not format the Kafka broker's log in {self.directory}: {done.stderr[-500:]}")
 
@@ -95,6 +100,7 @@ class LocalBroker:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=self._environment(),
         )
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while time.monotonic() < deadline:

@@ -1,0 +1,317 @@
+"""Kafka streams end to end on a real broker: offset ranges in, offsets in the table, every record once.
+
+Each test has a topic of its own on the session's broker, produces its records with librdkafka
+(transactions included), runs the pipeline with the real engines and reads the table back with
+DuckDB against the records it produced (the oracle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+from lakehouse_assets import faults
+from lakehouse_assets.commit import summary_keys
+from lakehouse_assets.definitions import build_definitions
+from lakehouse_assets.defs import names
+from lakehouse_assets.ingest.kafka_batching import kafka_progress
+from lakehouse_assets.ingest.micro_batching import mint_next_batch
+from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.ops.kafka_broker import LocalBroker
+from lakehouse_assets.ops.status import lakehouse_status
+from lakehouse_assets.quality.duck import iceberg_connection, scan
+from lakehouse_assets.runner import run_until_idle
+from lakehouse_assets_tests.conftest import write_config
+
+pytestmark = pytest.mark.spark
+
+TICKS_COLUMNS = [
+    {"name": "id", "type": "long", "required": True},
+    {"name": "price", "type": "double"},
+    {"name": "kafka_partition", "type": "int"},
+    {"name": "kafka_offset", "type": "long"},
+    {"name": "kafka_key", "type": "string"},
+    {"name": "kafka_headers", "type": "map<string, string>"},
+]
+METADATA = {"kafka_partition": "partition", "kafka_offset": "offset", "kafka_key": "key", "kafka_headers": "headers"}
+
+
+def _topic(broker: LocalBroker, partitions: int) -> str:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result()
+    return name
+
+
+def _producer(broker: LocalBroker, transactional: str | None = None) -> Producer:
+    settings = {"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 5}
+    if transactional:
+        settings["transactional.id"] = transactional
+    return Producer(settings)
+
+
+def _produce(producer: Producer, topic: str, records: list[tuple[int, bytes | None]]) -> None:
+    """Produce ``records`` (partition, value) and wait until the broker acknowledged every one."""
+    failures: list[str] = []
+
+    def delivered(error, _message) -> None:
+        if error is not None:
+            failures.append(str(error))
+
+    for partition, value in records:
+        producer.produce(
+            topic,
+            value,
+            key=f"k{partition}".encode(),
+            partition=partition,
+            headers=[("origin", b"test")],
+            on_delivery=delivered,
+        )
+    assert producer.flush(30) == 0
+    assert failures == []
+
+
+def _wait_for_partitions(broker: LocalBroker, topic: str, count: int) -> None:
+    """Until the broker's metadata shows the topic's ``count`` partitions (it follows the controller)."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    deadline = time.monotonic() + 30
+    while len(admin.list_topics(topic, timeout=10).topics[topic].partitions) < count:
+        assert time.monotonic() < deadline, f"topic {topic} never showed {count} partitions"
+        time.sleep(0.1)
+
+
+def _tick(tick_id: int) -> bytes:
+    return json.dumps({"id": tick_id, "price": tick_id / 4}).encode()
+
+
+def _kafka_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broker: LocalBroker, stream: dict) -> Lakehouse:
+    write_config(tmp_path, {"catalog": {"type": "hadoop"}, "streams": [stream]}, monkeypatch)
+    return Lakehouse.from_env()
+
+
+def _ticks_stream(broker: LocalBroker, topic: str, **source: object) -> dict:
+    return {
+        "name": "ticks",
+        "source": {"kafka": {"bootstrap_servers": broker.bootstrap_servers, "topic": topic, **source}},
+        "table_identifier": "market.ticks",
+        "auto_create": True,
+        "schema": {"columns": TICKS_COLUMNS},
+        "flush": {"max_age": "1s"},
+        "commit_interval": "0s",
+    }
+
+
+def _rows(lake: Lakehouse, identifier: str, columns: str) -> list[tuple]:
+    table = lake.require_table(identifier)
+    location = lake.metadata_location(identifier)
+    query = f"SELECT {columns} FROM {scan(location, table.current_snapshot().snapshot_id)} ORDER BY ALL"
+    return iceberg_connection().sql(query).fetchall()
+
+
+def _committed_offsets(lake: Lakehouse, identifier: str) -> dict[str, int]:
+    summary = lake.require_table(identifier).current_snapshot().summary.additional_properties
+    return json.loads(summary[summary_keys.KAFKA_OFFSETS])
+
+
+def _end_offsets(broker: LocalBroker, topic: str, partitions: int) -> dict[str, int]:
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap_servers, "group.id": "oracle", "isolation.level": "read_committed"}
+    )
+    try:
+        return {
+            f"{topic}/{p}": consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def test_a_topic_lands_once_with_its_offsets_in_the_table_and_new_partitions_join(
+    tmp_path, monkeypatch, kafka_broker, instance
+):
+    topic = _topic(kafka_broker, 4)
+    lake = _kafka_config(
+        tmp_path, monkeypatch, kafka_broker, _ticks_stream(kafka_broker, topic, metadata_columns=METADATA)
+    )
+    plain = _producer(kafka_broker)
+    _produce(plain, topic, [(i % 4, _tick(i)) for i in range(400)])
+    # Hostile values: not JSON, no value at all, invalid UTF-8, an empty object, a large record.
+    _produce(plain, topic, [(0, b"not json"), (1, None), (2, b"\xff\xfe{"), (3, b"{}")])
+    _produce(plain, topic, [(0, json.dumps({"id": 10_000, "price": 1.0, "note": "x" * 900_000}).encode())])
+    # A transaction committed, one aborted: only the committed one's records land.
+    transactional = _producer(kafka_broker, f"tx-{topic}")
+    transactional.init_transactions(30)
+    for commit, ids in ((True, range(400, 440)), (False, range(440, 480)), (True, range(480, 500))):
+        transactional.begin_transaction()
+        _produce(transactional, topic, [(i % 4, _tick(i)) for i in ids])
+        (transactional.commit_transaction if commit else transactional.abort_transaction)(30)
+
+    report = run_until_idle(build_definitions(lake.config), instance, log=lambda _: None)
+
+    assert report.failed == []
+    expected = [*range(400), *range(400, 440), *range(480, 500), 10_000]
+    assert [row[0] for row in _rows(lake, "market.ticks", "id")] == sorted(expected)
+    kept = _rows(lake, "market.ticks", "id, kafka_partition, kafka_key, kafka_headers['origin']")
+    assert all(partition == tick_id % 4 and key == f"k{partition}" for tick_id, partition, key, _ in kept[:400])
+    assert {origin for *_, origin in kept} == {"test"}
+    dead = _rows(lake, "market.ticks_dead_letters", "source_file, reason")
+    assert dead == [
+        (f"{topic}/0", "not a JSON object"),
+        (f"{topic}/1", "not a JSON object"),
+        (f"{topic}/2", "not a JSON object"),
+        (f"{topic}/3", "missing required field 'id'"),
+    ]
+    assert _committed_offsets(lake, "market.ticks") == _end_offsets(kafka_broker, topic, 4)
+    for check_name in names.CHECK_NAMES:
+        key = dg.AssetCheckKey(names.table_key("market.ticks"), check_name)
+        assert instance.get_latest_asset_check_evaluation_record(key).status.value == "SUCCEEDED", check_name
+
+    # Two partitions added while the stream runs: read from their first offset.
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    admin.create_partitions([NewPartitions(topic, 6)])[topic].result()
+    _wait_for_partitions(kafka_broker, topic, 6)
+    _produce(_producer(kafka_broker), topic, [(i % 6, _tick(i)) for i in range(1000, 1060)])
+    report = run_until_idle(build_definitions(lake.config), instance, log=lambda _: None)
+
+    assert report.failed == []
+    assert [row[0] for row in _rows(lake, "market.ticks", "id")] == sorted([*expected, *range(1000, 1060)])
+    assert _committed_offsets(lake, "market.ticks") == _end_offsets(kafka_broker, topic, 6)
+    [status] = lakehouse_status(lake, instance)
+    assert status["streams"][0]["kafka_lag"] == 0
+    assert len(status["streams"][0]["kafka_partitions"]) == 6
+    # The staging asset shows the lag when the batch was staged: the batch's own records.
+    staging = instance.get_latest_materialization_event(names.staged_batches_key("ticks")).asset_materialization
+    assert staging.metadata["kafka_lag"].value == "60"
+    assert staging.metadata["kafka_records"].value == 60
+
+
+def test_a_crash_after_the_commit_and_a_wiped_ledger_resume_from_the_table_offsets(
+    tmp_path, monkeypatch, kafka_broker, instance
+):
+    topic = _topic(kafka_broker, 3)
+    lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, _ticks_stream(kafka_broker, topic, max_records=100))
+    producer = _producer(kafka_broker)
+    _produce(producer, topic, [(i % 3, _tick(i)) for i in range(250)])
+    environment = {**os.environ, faults.CRASH_ENV: faults.COMMITTER_AFTER_COMMIT}
+    environment.pop("SPARK_DIST_CLASSPATH", None)  # the process's Kafka source comes from its config
+    killed = subprocess.run(
+        [sys.executable, "-m", "lakehouse_assets.cli", "run", "--until-idle"], env=environment, capture_output=True
+    )
+    assert killed.returncode != 0
+    committed_before = _rows(lake, "market.ticks", "count(*)")[0][0]
+    assert 0 < committed_before <= 100  # the first batch (max_records), committed before the kill
+    # The operator removes the staging ledger; the broker restarts, killed, before the next run.
+    shutil.rmtree(lake.paths.staging("ticks"))
+    kafka_broker.restart(kill=True)
+    _produce(producer, topic, [(i % 3, _tick(i)) for i in range(250, 300)])
+
+    report = run_until_idle(build_definitions(lake.config), instance, log=lambda _: None)
+
+    assert report.failed == []
+    assert [row[0] for row in _rows(lake, "market.ticks", "id")] == list(range(300))
+    assert _committed_offsets(lake, "market.ticks") == _end_offsets(kafka_broker, topic, 3)
+    assert kafka_progress(lake, lake.stream("ticks")).lag == 0
+
+
+def test_records_deleted_before_they_were_read_fail_the_batch_naming_the_range_until_skipped(
+    tmp_path, monkeypatch, kafka_broker, instance
+):
+    topic = _topic(kafka_broker, 2)
+    stream = _ticks_stream(kafka_broker, topic)
+    lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, stream)
+    producer = _producer(kafka_broker)
+    _produce(producer, topic, [(i % 2, _tick(i)) for i in range(20)])
+    assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
+    _produce(producer, topic, [(0, _tick(i)) for i in range(20, 40)])
+    batch, _ = mint_next_batch(lake, lake.stream("ticks"), drain=True)
+    assert batch is not None and batch.offsets[f"{topic}/0"] == [10, 30]
+    # Retention (here: records deleted by hand) removes offsets 10-24 before the batch is read.
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    admin.delete_records([TopicPartition(topic, 0, 25)])[TopicPartition(topic, 0, 25)].result()
+
+    report = run_until_idle(build_definitions(lake.config), instance, log=lambda _: None)
+
+    assert report.failed
+    failure = _run_errors(instance)
+    assert f"partition {topic}/0 offsets 10-24 were deleted from Kafka" in failure
+    assert _rows(lake, "market.ticks", "count(*)")[0][0] == 20
+
+    stream["source"]["kafka"]["on_records_lost"] = "skip"
+    lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, stream)
+    with dg.DagsterInstance.get() as fresh:
+        assert run_until_idle(build_definitions(lake.config), fresh, log=lambda _: None).failed == []
+    assert [row[0] for row in _rows(lake, "market.ticks", "id")] == [*range(20), *range(35, 40)]
+    summary = lake.require_table("market.ticks").current_snapshot().summary.additional_properties
+    assert json.loads(summary[summary_keys.KAFKA_LOST_OFFSETS]) == {f"{topic}/0": [[10, 25]]}
+
+
+def _run_errors(instance: dg.DagsterInstance) -> str:
+    """Every failed step's error message of the instance's runs, joined."""
+    messages = []
+    for run in instance.get_runs():
+        for record in instance.get_records_for_run(run.run_id).records:
+            event = record.event_log_entry.dagster_event
+            if event is not None and event.event_type == dg.DagsterEventType.STEP_FAILURE:
+                messages.append(event.step_failure_data.error.to_string())
+    return "\n".join(messages)
+
+
+def test_debezium_changes_from_kafka_apply_in_source_order(tmp_path, monkeypatch, kafka_broker, instance):
+    topic = _topic(kafka_broker, 2)
+    stream = {
+        "name": "customers",
+        "source": {
+            "kafka": {"bootstrap_servers": kafka_broker.bootstrap_servers, "topic": topic, "format": "debezium"}
+        },
+        "table_identifier": "crm.customers",
+        "auto_create": True,
+        "identifier_columns": ["id"],
+        "schema": {"columns": [{"name": "id", "type": "long", "required": True}, {"name": "name", "type": "string"}]},
+        "flush": {"max_age": "1s"},
+        "commit_interval": "0s",
+    }
+    lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, stream)
+
+    def change(op: str, key: int, lsn: int, name: str | None = None) -> tuple[int, bytes]:
+        row = {"id": key, "name": name}
+        envelope = {
+            "op": op,
+            "before": row if op == "d" else None,
+            "after": None if op == "d" else row,
+            "source": {"lsn": lsn},
+        }
+        return key % 2, json.dumps(envelope).encode()
+
+    producer = _producer(kafka_broker)
+    # A snapshot read of every key, then updates and a delete with its tombstone.
+    _produce(producer, topic, [change("r", key, 10 + key, f"v0-{key}") for key in range(6)])
+    _produce(
+        producer, topic, [change("u", 1, 100, "v1-1"), change("d", 2, 101), (0, None), change("c", 7, 102, "v0-7")]
+    )
+    assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
+    # A late change (an older position than the committed one) never overwrites the newer row.
+    _produce(producer, topic, [change("u", 1, 50, "stale"), change("u", 3, 200, "v1-3")])
+    assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
+
+    assert _rows(lake, "crm.customers", "id, name") == [
+        (0, "v0-0"),
+        (1, "v1-1"),
+        (3, "v1-3"),
+        (4, "v0-4"),
+        (5, "v0-5"),
+        (7, "v0-7"),
+    ]
+    assert lake.table("crm.customers_dead_letters") is None or not _rows(lake, "crm.customers_dead_letters", "*")
