@@ -12,7 +12,7 @@ UV_VERSION := 0.13.9
 # where the machine has it: thousands of small files and fsyncs, about 8 % of a fault file's time.
 TEST_TMPDIR ?= $(if $(wildcard /dev/shm/.),/dev/shm,$(or $(TMPDIR),/tmp))
 
-.PHONY: run test unit ui lint bench clean
+.PHONY: run kafka-demo test unit ui lint bench clean
 
 # uv installs the packages (downloads in parallel): about half of pip's time from a cold cache
 # (docs/benchmarks.md). It reads its own settings, not pip's: behind a package mirror, set
@@ -25,6 +25,13 @@ $(BIN)/lakehouse: pyproject.toml
 
 run: $(BIN)/lakehouse
 	$(BIN)/lakehouse demo
+
+# The Kafka scenario: a local broker and Spark's Kafka source, both fetched with Maven once
+# (~/.cache/lakehouse_assets/jars), a 32-partition topic of ticks, the pipeline on it.
+KAFKA_EVENTS ?= 200000
+kafka-demo: $(BIN)/lakehouse
+	LAKEHOUSE_HOME=$(LAKEHOUSE_HOME)/kafka-demo DAGSTER_HOME=$(LAKEHOUSE_HOME)/kafka-demo/dagster \
+	  $(BIN)/lakehouse demo --kafka --events $(KAFKA_EVENTS)
 
 # mypy (10 s on one core) runs beside the tests' first step, the class-data archive's build (a
 # JVM on about one and a half cores); its verdict counts as the tests' does.

@@ -95,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="generate sample events, run until idle, summarize")
     demo.add_argument("--events", type=int, default=10_000)
+    demo.add_argument(
+        "--kafka",
+        action="store_true",
+        help="the Kafka scenario: a local broker (Maven's jars), a 32-partition topic of ticks, the pipeline on it",
+    )
     demo.set_defaults(handler="demo")
     return parser
 

@@ -18,6 +18,7 @@ from lakehouse_assets.defs.check_status import blocking_check_names
 from lakehouse_assets.defs.commit_groups import CommitGroup, commit_groups, groups_by_table
 from lakehouse_assets.demo import run_demo
 from lakehouse_assets.errors import ConfigError, IngestError
+from lakehouse_assets.kafka_demo import run_kafka_demo
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.replay import replay_dead_letters
 from lakehouse_assets.ops.status import lakehouse_status
@@ -301,4 +302,4 @@ def audit_discard(args: argparse.Namespace) -> int:
 
 
 def demo(args: argparse.Namespace) -> int:
-    return run_demo(args.events)
+    return run_kafka_demo(args.events) if args.kafka else run_demo(args.events)
