@@ -17,7 +17,13 @@ import yaml
 
 from lakehouse_assets.config import LakehouseConfig
 from lakehouse_assets.config_loader import load_config
-from lakehouse_assets.engine.connectors import SPARK_KAFKA, connector_jars, connector_jars_if_fetched
+from lakehouse_assets.engine.connectors import (
+    KAFKA_BROKER,
+    SPARK_KAFKA,
+    connector_jars,
+    connector_jars_if_fetched,
+    fetch_jars,
+)
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.kafka_broker import LocalBroker, local_broker
 from lakehouse_assets.paths import LakehousePaths
@@ -55,8 +61,11 @@ def pytest_configure(config: pytest.Config) -> None:
     makes), and build the class-data-sharing archive every JVM of the session then starts from."""
     if hasattr(config, "workerinput") or "not spark" in config.option.markexpr:
         return
+    # Fetched before the first test (Maven is needed: a machine without it fails the run here): the
+    # Kafka broker's jars for the Kafka tests, Spark's Kafka source for every test JVM.
+    fetch_jars(KAFKA_BROKER)
     if not connector_jars_if_fetched(SPARK_KAFKA):
-        connector_jars(SPARK_KAFKA)  # Maven is needed: a machine without it fails the run here
+        connector_jars(SPARK_KAFKA)
         os.environ[TEST_JVM_CLASS_PATH_ENV] = os.pathsep.join(
             filter(None, [jdbc_driver_class_path(), *connector_jars_if_fetched(SPARK_KAFKA)])
         )

@@ -212,3 +212,46 @@ def test_a_routes_directory_no_router_could_write_does_not_break_loading(lakehou
     config = load_config()
 
     assert sorted(stream.name for stream in config.streams) == ["app", "app__shop__orders"]
+
+
+def _kafka_stream(**source: object) -> dict:
+    return {
+        "name": "ticks",
+        "table_identifier": "market.ticks",
+        "source": {"kafka": {"bootstrap_servers": "127.0.0.1:9092", **source}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ({}, "set exactly one of topic and topic_pattern"),
+        ({"topic": "a", "topic_pattern": "a.*"}, "set exactly one of topic and topic_pattern"),
+        ({"topic": "bad/topic"}, "is not a Kafka topic name"),
+        ({"topic_pattern": "(unclosed"}, "topic_pattern '(unclosed'"),
+        ({"topic": "t", "metadata_columns": {"k": "lsn"}}, "'lsn' is not one of topic, partition"),
+        ({"topic": "t", "security": {"protocol": "SASL_SSL"}}, "needs sasl_mechanism, sasl_username and sasl_password"),
+        ({"topic": "t", "max_records": 0}, "source.kafka.max_records"),
+    ],
+)
+def test_a_bad_kafka_source_names_the_stream_and_the_key(source, message):
+    with pytest.raises(ConfigError) as raised:
+        parse_config({"streams": [_kafka_stream(**source)]})
+    assert "stream 'ticks'" in str(raised.value)
+    assert message in str(raised.value)
+
+
+def test_kafka_secrets_come_from_the_environment_and_reach_both_clients(monkeypatch):
+    from lakehouse_assets.source.kafka_log import client_settings, spark_options
+
+    monkeypatch.setenv("KAFKA_SECRET", 'pa"ss')
+    security = {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "svc"}
+    config = parse_config(
+        {"streams": [_kafka_stream(topic="t", security={**security, "sasl_password": "${env:KAFKA_SECRET}"})]}
+    )
+    stream = config.streams[0]
+    assert 'pa"ss' not in repr(config)  # the configuration holds the reference, not the secret
+    assert client_settings(stream)["sasl.password"] == 'pa"ss'
+    jaas = spark_options(stream)["kafka.sasl.jaas.config"]
+    assert jaas == 'org.apache.kafka.common.security.scram.ScramLoginModule required username="svc" password="pa\\"ss";'
+    assert spark_options(stream)["kafka.isolation.level"] == "read_committed"
