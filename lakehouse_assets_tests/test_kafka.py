@@ -8,10 +8,8 @@ DuckDB against the records it produced (the oracle).
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -33,6 +31,7 @@ from lakehouse_assets.ops.status import lakehouse_status
 from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import write_config
+from lakehouse_assets_tests.fault_injection.pipeline import run_pipeline
 
 pytestmark = pytest.mark.spark
 
@@ -205,12 +204,9 @@ def test_a_crash_after_the_commit_and_a_wiped_ledger_resume_from_the_table_offse
     lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, _ticks_stream(kafka_broker, topic, max_records=100))
     producer = _producer(kafka_broker)
     _produce(producer, topic, [(i % 3, _tick(i)) for i in range(250)])
-    environment = {**os.environ, faults.CRASH_ENV: faults.COMMITTER_AFTER_COMMIT}
-    environment.pop("SPARK_DIST_CLASSPATH", None)  # the process's Kafka source comes from its config
-    killed = subprocess.run(
-        [sys.executable, "-m", "lakehouse_assets.cli", "run", "--until-idle"], env=environment, capture_output=True
-    )
-    assert killed.returncode != 0
+    # A real process of its own, on this worker's warm JVM (``fault_injection/forked_processes.py``).
+    killed = run_pipeline({faults.CRASH_ENV: faults.COMMITTER_AFTER_COMMIT})
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:] + killed.stderr[-3000:]
     committed_before = _rows(lake, "market.ticks", "count(*)")[0][0]
     assert 0 < committed_before <= 100  # the first batch (max_records), committed before the kill
     # The operator removes the staging ledger; the broker restarts, killed, before the next run.
