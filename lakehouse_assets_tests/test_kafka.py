@@ -31,6 +31,7 @@ from lakehouse_assets.ops.status import lakehouse_status
 from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import write_config
+from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse as run_pipeline_command
 from lakehouse_assets_tests.fault_injection.pipeline import run_pipeline
 
 pytestmark = pytest.mark.spark
@@ -311,3 +312,24 @@ def test_debezium_changes_from_kafka_apply_in_source_order(tmp_path, monkeypatch
         (7, "v0-7"),
     ]
     assert lake.table("crm.customers_dead_letters") is None or not _rows(lake, "crm.customers_dead_letters", "*")
+
+
+def test_dead_letters_of_a_kafka_stream_replay_once_after_a_fix(tmp_path, monkeypatch, kafka_broker, instance):
+    topic = _topic(kafka_broker, 2)
+    stream = _ticks_stream(kafka_broker, topic)
+    stream["expectations"] = [{"name": "price_positive", "condition": "price > 0", "on_failure": "dead_letter"}]
+    lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, stream)
+    _produce(_producer(kafka_broker), topic, [(0, _tick(4)), (1, json.dumps({"id": 1, "price": -2.5}).encode())])
+    assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
+    assert _rows(lake, "market.ticks_dead_letters", "reason") == [("expectation price_positive not met: price > 0",)]
+
+    stream["expectations"][0]["condition"] = "price > -10"
+    lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, stream)
+    replayed = run_pipeline_command(["dlq", "replay", "--table", "market.ticks"])
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    with dg.DagsterInstance.get() as fresh:
+        assert run_until_idle(build_definitions(lake.config), fresh, log=lambda _: None).failed == []
+
+    assert _rows(lake, "market.ticks", "id, price") == [(1, -2.5), (4, 1.0)]
+    assert _rows(lake, "market.ticks_dead_letters", "count(*)") == [(0,)]
+    assert _committed_offsets(lake, "market.ticks") == _end_offsets(kafka_broker, topic, 2)

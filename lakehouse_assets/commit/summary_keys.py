@@ -61,7 +61,7 @@ def commit_summary(
     """The ``lakehouse.*`` keys of one commit of ``stream``'s ``batches`` (in sequence order)."""
     files = [name for record in batches for name in record.minted.files]
     if batches[-1].minted.offsets:
-        source = _kafka_summary(batches)
+        source = _kafka_summary(batches) | ({LANDING_FILES: json.dumps(files)} if files else {})
     else:
         # An Iceberg source's landing files are named by source snapshot, in order (replays are not).
         source_snapshots = [snapshot for name in files if (snapshot := source_snapshot_of(name))]

@@ -9,7 +9,9 @@ stable offset, so it never holds a record of an open or aborted transaction.
 The trigger is the landing streams' dual trigger over the topic's lag: cut when
 ``source.kafka.max_records`` offsets are pending or when lag has been seen for ``flush.max_age``.
 The time lag was first seen is a note in the stream's ledger directory (``kafka-lag-since``):
-only a trigger, never a record of what is committed; losing it restarts the age.
+only a trigger, never a record of what is committed; losing it restarts the age. Dead letters
+replayed into the stream (``lakehouse dlq replay``) are landing files, which the next batch takes
+beside its offsets.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyiceberg.table import Table
+
 from lakehouse_assets.batches.ledger import MintedBatch
 from lakehouse_assets.commit.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.commit.recovery import table_history
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.ingest.pending_landing import pending_files
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.source.kafka_log import KafkaLog, PartitionLog, split_partition_name
 
@@ -33,11 +38,13 @@ PARTITIONS_NAMED = 8
 """How many lagging partitions a skip reason names (``lakehouse status`` lists them all)."""
 
 
-def stream_positions(lake: Lakehouse, stream: StreamSpec) -> tuple[dict[str, int], dict[str, int], int, int]:
-    """Where the stream is in each partition: the offsets committed to its table, the offsets its
-    next batch starts at (after the newest minted batch), the committed sequence and the highest
-    sequence minted or committed."""
-    history = table_history(lake.table(stream.table_identifier))
+def stream_positions(
+    lake: Lakehouse, stream: StreamSpec, table: Table | None
+) -> tuple[dict[str, int], dict[str, int], int, int]:
+    """Where the stream is in each partition: the offsets committed to its ``table``, the offsets
+    its next batch starts at (after the newest minted batch), the committed sequence and the
+    highest sequence minted or committed."""
+    history = table_history(table)
     committed = history.kafka_offsets(stream.name)
     committed_sequence = history.sequence(stream.name)
     latest = lake.ledger(stream.name).latest()
@@ -114,13 +121,16 @@ def mint_next_kafka_batch(
         # Asked under the lock: offsets another sensor minted are never past the end read here.
         log = KafkaLog(stream).partitions()
         now = time.time() if now is None else now
-        committed, positions, _, highest = stream_positions(lake, stream)
+        table = lake.table(stream.table_identifier)
+        committed, positions, _, highest = stream_positions(lake, stream, table)
         ranges = partition_lag(positions, log)
-        pending = sum(end - start for start, end in ranges.values())
+        # Dead letters replayed (``lakehouse dlq replay``) land as files: the next batch takes them too.
+        replays = pending_files(lake.paths, stream, ledger, table)
+        pending = sum(end - start for start, end in ranges.values()) + len(replays)
         if not pending:
             (ledger.root / LAG_SINCE_FILE).unlink(missing_ok=True)
             return None, f"{NO_LAG} in {len(ranges)} partitions"
-        since = _lag_seen_since(ledger.root, now)
+        since = min([_lag_seen_since(ledger.root, now), *(landed.landed_at for landed in replays)])
         age = now - since
         lag = describe_lag(committed, ranges)
         if pending >= source.max_records:
@@ -139,8 +149,8 @@ def mint_next_kafka_batch(
             stream=stream.name,
             sequence=highest + 1,
             table=stream.table_identifier,
-            files=[],
-            bytes=0,
+            files=[landed.name for landed in replays],
+            bytes=sum(landed.size for landed in replays),
             oldest_landed_at=since,
             minted_at=now,
             offsets=offsets,

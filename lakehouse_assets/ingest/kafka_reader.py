@@ -71,6 +71,9 @@ def read_kafka_lines(spark: SparkSession, stream: StreamSpec, ranges: dict[str, 
     its event text, ``<topic>/<partition>`` and offset, as ``landing_reader.read_landing_lines``
     gives a landing file's lines."""
     reading = {name: bounds for name, bounds in ranges.items() if bounds[1] > bounds[0]}
+    if not reading:  # a batch of replayed dead letters only
+        schema = f"{EVENT_COLUMN} string, {SOURCE_FILE_COLUMN} string, {LINE_COLUMN} long"
+        return spark.createDataFrame([], schema)
     assigned: dict[str, list[int]] = {}
     for name in reading:
         topic, partition = split_partition_name(name)

@@ -16,16 +16,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pyiceberg.table import Table
-
 from lakehouse_assets.batches.landing import LandingFile, landing_dir, list_landing_files
 from lakehouse_assets.batches.ledger import MintedBatch, StreamLedger
 from lakehouse_assets.commit.locks import exclusive_lock, stream_lock_file
-from lakehouse_assets.commit.recovery import AUDIT_BRANCH, committed_landing_files, committed_state
+from lakehouse_assets.commit.recovery import AUDIT_BRANCH, committed_state
 from lakehouse_assets.config import StreamSpec
 from lakehouse_assets.ingest.kafka_batching import mint_next_kafka_batch
+from lakehouse_assets.ingest.pending_landing import pending_files
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.paths import LakehousePaths
 
 NO_PENDING_EVENTS = "no pending events"
 
@@ -78,17 +76,6 @@ def backpressure(ledger: StreamLedger, stream: StreamSpec, committed_sequence: i
         f"backpressure: {held} bytes in {len(uncommitted)} batches are minted or staged but not committed "
         f"(>= max_uncommitted_bytes {stream.max_uncommitted_bytes}); landing keeps accepting events"
     )
-
-
-def pending_files(
-    paths: LakehousePaths, stream: StreamSpec, ledger: StreamLedger, table: Table | None
-) -> list[LandingFile]:
-    """Landed files that no minted batch holds yet and that no commit of the stream in ``table``
-    names (main, and the audit branch of an audited stream)."""
-    claimed = ledger.claimed_files() | committed_landing_files(table, stream.name)
-    if stream.publish == "audit":
-        claimed |= committed_landing_files(table, stream.name, AUDIT_BRANCH)
-    return [landed for landed in list_landing_files(landing_dir(paths, stream)) if landed.name not in claimed]
 
 
 def work_may_be_waiting(lake: Lakehouse) -> bool:

@@ -253,17 +253,19 @@ def stage_batch(
     if record.staged:
         return StagingOutcome(record.staged, False, tuple(minted.files), minted.bytes)
 
-    files = [] if stream.kafka_source else landing_files(lake.paths, stream, record)
+    files = landing_files(lake.paths, stream, record)
     lost = kafka_lost_offsets(stream, record) if stream.kafka_source else {}
 
     @cache
     def lines() -> DataFrame:
         # Planned only when needed: a batch the JSON file reader reads, with no rejected events,
         # never needs its lines' text.
-        if stream.kafka_source:
-            ranges = {name: [lost.get(name, [start, start])[1], end] for name, (start, end) in minted.offsets.items()}
-            return read_kafka_lines(spark, stream, ranges)
-        return read_landing_lines(spark, files, input_links(record))
+        if not stream.kafka_source:
+            return read_landing_lines(spark, files, input_links(record))
+        ranges = {name: [lost.get(name, [start, start])[1], end] for name, (start, end) in minted.offsets.items()}
+        records = read_kafka_lines(spark, stream, ranges)
+        # Dead letters replayed into the stream, as landing files beside the offsets.
+        return records.unionByName(read_landing_lines(spark, files, input_links(record))) if files else records
 
     # Called only when the table must be created without declared columns.
     undeclared_columns: Callable[[], list[ColumnSpec]]

@@ -14,7 +14,8 @@ from lakehouse_assets.config import LakehouseConfig, StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import blocking_check_names
 from lakehouse_assets.ingest.kafka_batching import kafka_progress
-from lakehouse_assets.ingest.micro_batching import backpressure, pending_files
+from lakehouse_assets.ingest.micro_batching import backpressure
+from lakehouse_assets.ingest.pending_landing import pending_files
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.quality.lag import stream_lag_seconds
 from lakehouse_assets.quality.table_stats import table_stats
