@@ -79,9 +79,3 @@ def fetch_jars(name: str) -> Path:
 def connector_jars(name: str) -> list[str]:
     """The jar files of set ``name``, fetched first if the cache lacks them."""
     return sorted(str(jar) for jar in fetch_jars(name).glob("*.jar"))
-
-
-def connector_jars_if_fetched(name: str) -> list[str]:
-    """The jar files of set ``name`` when the cache has them whole, else none (fetches nothing)."""
-    directory = jars_root() / name
-    return sorted(str(jar) for jar in directory.glob("*.jar")) if (directory / COMPLETE_MARKER).exists() else []

@@ -26,6 +26,7 @@ from lakehouse_assets.lakehouse import Lakehouse
 ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 ICEBERG_JAR_PACKAGE = "snowpark_connect_deps_iceberg"
 MASTER_ENV = "LAKEHOUSE_SPARK_MASTER"
+KAFKA_SOURCE_ARTIFACT = "spark-sql-kafka-0-10"
 DRIVER_MEMORY_ENV = "LAKEHOUSE_SPARK_DRIVER_MEMORY"
 
 
@@ -154,11 +155,28 @@ def start_jvm_in_background(config: LakehouseConfig) -> None:
     threading.Thread(target=start, name="lakehouse-jvm-start", daemon=True).start()
 
 
+def _add_kafka_source(session: SparkSession, config: LakehouseConfig) -> None:
+    """Give a session of a JVM started without Spark's Kafka source (for another configuration:
+    a Spark host or a process serving several homes) the source's jars, when ``config`` has a Kafka
+    stream. Spark SQL's ``ADD JAR`` adds them to the running JVM; it also makes them the calling
+    thread's class loader, which is where Spark looks a data source up, so it runs for every
+    session (a jar added before is only registered again)."""
+    if not any(stream.kafka_source for stream in config.streams):
+        return
+    started = session.sparkContext.getConf()
+    settings = ("spark.driver.extraClassPath", "spark.jars", "spark.jars.packages")
+    if any(KAFKA_SOURCE_ARTIFACT in (started.get(key) or "") for key in settings):
+        return
+    for jar in connector_jars(SPARK_KAFKA):
+        session.sql("ADD JAR '{}'".format(jar.replace("\\", "\\\\").replace("'", "\\'")))
+
+
 def lakehouse_session(lake: Lakehouse) -> SparkSession:
     """A Spark session whose catalog ``lake`` is this lakehouse's; starts the JVM on first use."""
     session = jvm_session(lake.config).newSession()
     for key, value in catalog_conf(lake).items():
         session.conf.set(key, value)
+    _add_kafka_source(session, lake.config)
     # Iceberg's JVM helpers (Spark3Util, CommitMetadata) resolve catalogs through the thread's
     # active session, which Spark sets only inside its own SQL and DataFrame calls.
     spark_jvm(session).SparkSession.setActiveSession(session._jsparkSession)

@@ -40,10 +40,10 @@ PARTITIONS_NAMED = 8
 
 def stream_positions(
     lake: Lakehouse, stream: StreamSpec, table: Table | None
-) -> tuple[dict[str, int], dict[str, int], int, int]:
+) -> tuple[dict[str, int], dict[str, int], int]:
     """Where the stream is in each partition: the offsets committed to its ``table``, the offsets
-    its next batch starts at (after the newest minted batch), the committed sequence and the
-    highest sequence minted or committed."""
+    its next batch starts at (after the newest minted batch), and the highest sequence minted or
+    committed."""
     history = table_history(table)
     committed = history.kafka_offsets(stream.name)
     committed_sequence = history.sequence(stream.name)
@@ -52,8 +52,7 @@ def stream_positions(
     if latest is not None and latest.sequence > committed_sequence:
         for name, end in latest.minted.end_offsets.items():
             positions[name] = max(positions.get(name, end), end)
-    highest = max(committed_sequence, latest.sequence if latest else 0)
-    return committed, positions, committed_sequence, highest
+    return committed, positions, max(committed_sequence, latest.sequence if latest else 0)
 
 
 def partition_lag(positions: dict[str, int], log: dict[str, PartitionLog]) -> dict[str, list[int]]:
@@ -122,7 +121,7 @@ def mint_next_kafka_batch(
         log = KafkaLog(stream).partitions()
         now = time.time() if now is None else now
         table = lake.table(stream.table_identifier)
-        committed, positions, _, highest = stream_positions(lake, stream, table)
+        committed, positions, highest = stream_positions(lake, stream, table)
         ranges = partition_lag(positions, log)
         # Dead letters replayed (``lakehouse dlq replay``) land as files: the next batch takes them too.
         replays = pending_files(lake.paths, stream, ledger, table)

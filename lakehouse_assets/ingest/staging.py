@@ -106,7 +106,8 @@ def kafka_lost_offsets(stream: StreamSpec, record: BatchRecord) -> dict[str, lis
     """The offsets of a Kafka batch the log deleted before it was read: none, or the lost ranges
     with ``on_records_lost: skip``; KafkaRecordsLostError naming them otherwise."""
     lost = lost_offsets(record.minted.offsets, KafkaLog(stream).partitions())
-    if lost and (stream.kafka_source is None or stream.kafka_source.on_records_lost == "fail"):
+    skips = stream.kafka_source is not None and stream.kafka_source.on_records_lost == "skip"
+    if lost and not skips:
         raise records_lost_error(stream, record.sequence, lost)
     return lost
 
