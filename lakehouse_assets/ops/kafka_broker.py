@@ -94,14 +94,14 @@ class LocalBroker:
     def start(self) -> None:
         """Start the broker and wait until it accepts connections."""
         self.format()
-        log = open(self.directory / "broker.log", "ab")  # noqa: SIM115 - the process keeps it
-        self.process = subprocess.Popen(
-            [*self._java(), "kafka.Kafka", str(self._settings())],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=self._environment(),
-        )
+        with open(self.directory / "broker.log", "ab") as log:  # the broker keeps its own copy of the file
+            self.process = subprocess.Popen(
+                [*self._java(), "kafka.Kafka", str(self._settings())],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self._environment(),
+            )
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
