@@ -6,15 +6,21 @@ no operator action; every event must end in its table exactly once and no run le
 In a temporary directory (own ``LAKEHOUSE_HOME``, ``DAGSTER_HOME``, the project's ``dagster.yaml``)
 it starts ``dagster dev`` with three streams: an append stream (``chaos.events``), a change stream
 (``chaos.accounts``: inserts, updates and deletes of a key pool, committed by MERGE) and a routed
-stream (``chaos.region_<region>``, one table per region). Every ``--chunk-seconds`` it lands a chunk
-of each stream (``land_events``: write, fsync, rename, as ``lakehouse ingest`` does). Meanwhile, at
+stream (``chaos.region_<region>``, one table per region), and, from a local Kafka broker it starts
+(``ops/kafka_broker.py``), an append stream of a 4-partition topic (``chaos.kafka_events``) and a
+Debezium change stream of a 2-partition topic (``chaos.customers``, by key in LSN order). Every
+``--chunk-seconds`` it lands a chunk of each file stream (``land_events``: write, fsync, rename, as
+``lakehouse ingest`` does) and produces a chunk into each topic (idempotent producer, so a retry
+after a broker kill never writes a record twice; ``--no-kafka`` leaves both out). Meanwhile, at
 seeded random intervals of ``--min-gap``-``--max-gap`` seconds, it SIGKILLs one process of the
 runtime (or, for ``--sigterm-share`` of them, sends SIGTERM as a supervisor stopping it would): the
 Spark host, the host's JVM, a run worker, or (at least once, ``--orchestrator-kills``) the whole
-``dagster dev`` process group, which it then starts again as an operator's supervisor would.
+``dagster dev`` process group, which it then starts again as an operator's supervisor would, and
+(``--broker-kills``) the Kafka broker, started again after ``--broker-down`` seconds.
 After the last chunk it waits, up to ``--drain-timeout``, until DuckDB reads every table equal to
 its oracle (the append ids once each; the key model of the changes applied in order; each
-region's ids once each) and no run is queued or in progress, then reports the kills, the drain
+region's ids once each; the Kafka ids once each; the Debezium key model) and no run is queued or
+in progress, then reports the kills, the drain
 time after the last kill, every run left in a non-final state, and which processes of ``dagster
 dev`` were still alive 30 s after the SIGTERM that stops it.
 
@@ -46,10 +52,14 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dagster_dev_freshness as dev  # noqa: E402 - the dagster dev harness beside this script
 
+from lakehouse_assets.ops.kafka_broker import LocalBroker, free_port  # noqa: E402
+
 APPEND_STREAM, APPEND_TABLE = "chaos_events", "chaos.events"
 CHANGE_STREAM, CHANGE_TABLE = "chaos_changes", "chaos.accounts"
 ROUTED_STREAM, REGIONS = "chaos_routed", ("eu", "us", "ap")
-KINDS = ("spark-host", "spark-jvm", "run-worker", "dagster-dev")
+KAFKA_STREAM, KAFKA_TABLE, KAFKA_TOPIC, KAFKA_PARTITIONS = "chaos_kafka", "chaos.kafka_events", "chaos-events", 4
+DEBEZIUM_STREAM, DEBEZIUM_TABLE, DEBEZIUM_TOPIC, DEBEZIUM_PARTITIONS = "chaos_cdc", "chaos.customers", "chaos-cdc", 2
+KINDS = ("spark-host", "spark-jvm", "run-worker", "dagster-dev", "kafka-broker")
 FINAL_STATUSES = ("SUCCESS", "FAILURE", "CANCELED")
 VICTIM_WAIT_SECONDS = 5.0
 
@@ -70,6 +80,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="kill the whole dagster dev at the last moments instead of at random ones",
     )
+    parser.add_argument(
+        "--kafka", action=argparse.BooleanOptionalAction, default=True, help="the two Kafka streams and broker kills"
+    )
+    parser.add_argument("--broker-kills", type=int, default=1, help="SIGKILLs of the Kafka broker")
+    parser.add_argument("--broker-down", type=float, default=5, help="seconds the killed broker stays down")
     parser.add_argument("--sigterm-share", type=float, default=0.25, help="share of SIGTERM among the other kills")
     parser.add_argument("--drain-timeout", type=float, default=300, help="seconds to wait after the last chunk")
     parser.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for dagster dev")
@@ -84,42 +99,77 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def pipeline_config(max_age: str) -> dict[str, Any]:
-    """The three streams: append, change (MERGE) and routed."""
+def pipeline_config(max_age: str, bootstrap_servers: str | None) -> dict[str, Any]:
+    """The streams: append, change (MERGE) and routed from landing files; append and Debezium
+    changes from Kafka when there is a broker."""
     common = {"auto_create": True, "commit_interval": "0s", "flush": {"max_bytes": 67108864, "max_age": max_age}}
-    return {
-        "streams": [
-            {
-                "name": APPEND_STREAM,
-                "table_identifier": APPEND_TABLE,
-                "schema": {
-                    "columns": [
-                        {"name": "event_id", "type": "long", "required": True},
-                        {"name": "amount", "type": "double"},
-                        {"name": "ts", "type": "timestamptz"},
-                    ]
-                },
-                **common,
+
+    def kafka(topic: str, **source: Any) -> dict[str, Any]:
+        return {"kafka": {"bootstrap_servers": bootstrap_servers, "topic": topic, **source}}
+
+    file_streams = [
+        {
+            "name": APPEND_STREAM,
+            "table_identifier": APPEND_TABLE,
+            "schema": {
+                "columns": [
+                    {"name": "event_id", "type": "long", "required": True},
+                    {"name": "amount", "type": "double"},
+                    {"name": "ts", "type": "timestamptz"},
+                ]
             },
-            {
-                "name": CHANGE_STREAM,
-                "table_identifier": CHANGE_TABLE,
-                "operation": "${/op}",
-                "identifier_columns": ["id"],
-                "schema": {
-                    "columns": [
-                        {"name": "id", "type": "long", "required": True},
-                        {"name": "balance", "type": "long"},
-                        {"name": "ts", "type": "timestamptz"},
-                    ],
-                    "partition_spec": [{"column": "id", "transform": "bucket[4]"}],
-                },
-                "table_properties": {"format-version": "2"},
-                **common,
+            **common,
+        },
+        {
+            "name": CHANGE_STREAM,
+            "table_identifier": CHANGE_TABLE,
+            "operation": "${/op}",
+            "identifier_columns": ["id"],
+            "schema": {
+                "columns": [
+                    {"name": "id", "type": "long", "required": True},
+                    {"name": "balance", "type": "long"},
+                    {"name": "ts", "type": "timestamptz"},
+                ],
+                "partition_spec": [{"column": "id", "transform": "bucket[4]"}],
             },
-            {"name": ROUTED_STREAM, "table_identifier": "chaos.region_${/region}", **common},
-        ]
-    }
+            "table_properties": {"format-version": "2"},
+            **common,
+        },
+        {"name": ROUTED_STREAM, "table_identifier": "chaos.region_${/region}", **common},
+    ]
+    if bootstrap_servers is None:
+        return {"streams": file_streams}
+    kafka_streams = [
+        {
+            "name": KAFKA_STREAM,
+            "source": kafka(KAFKA_TOPIC, metadata_columns={"kafka_offset": "offset"}),
+            "table_identifier": KAFKA_TABLE,
+            "schema": {
+                "columns": [
+                    {"name": "event_id", "type": "long", "required": True},
+                    {"name": "ts", "type": "timestamptz"},
+                    {"name": "kafka_offset", "type": "long"},
+                ]
+            },
+            **common,
+        },
+        {
+            "name": DEBEZIUM_STREAM,
+            "source": kafka(DEBEZIUM_TOPIC, format="debezium"),
+            "table_identifier": DEBEZIUM_TABLE,
+            "identifier_columns": ["id"],
+            "schema": {
+                "columns": [
+                    {"name": "id", "type": "long", "required": True},
+                    {"name": "balance", "type": "long"},
+                ]
+            },
+            "table_properties": {"format-version": "2"},
+            **common,
+        },
+    ]
+    return {"streams": file_streams + kafka_streams}
 
 
 @dataclass
@@ -130,16 +180,31 @@ class Oracle:
     accounts: dict[int, int] = field(default_factory=dict)
     routed: dict[str, list[int]] = field(default_factory=lambda: {region: [] for region in REGIONS})
     routed_ids: int = 0
+    kafka_ids: int = 0
+    customers: dict[int, int] = field(default_factory=dict)
+    lsn: int = 0
 
 
 class Producer(threading.Thread):
-    """Lands one chunk of each stream every ``--chunk-seconds`` for ``--seconds``, on a fixed schedule."""
+    """Lands one chunk of each file stream and produces one into each topic every
+    ``--chunk-seconds`` for ``--seconds``, on a fixed schedule."""
 
-    def __init__(self, args: argparse.Namespace, oracle: Oracle) -> None:
+    def __init__(self, args: argparse.Namespace, oracle: Oracle, bootstrap_servers: str | None) -> None:
+        from confluent_kafka import Producer as KafkaProducer
+
         super().__init__(name="producer", daemon=True)
         self.args, self.oracle = args, oracle
         self.rng = random.Random(args.seed * 7919)
         self.error: BaseException | None = None
+        # Idempotent, and patient enough to outlast a killed broker: a record is in the topic once.
+        settings = {
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            "message.timeout.ms": 600_000,
+            "log_level": 2,  # not every refused connection while the broker is down
+        }
+        self.kafka = KafkaProducer(settings) if bootstrap_servers else None
+        self.undelivered: list[str] = []
 
     def run(self) -> None:
         try:
@@ -161,6 +226,55 @@ class Producer(threading.Thread):
             land_events(lake.paths, lake.stream(APPEND_STREAM), self._appends(now))
             land_events(lake.paths, lake.stream(CHANGE_STREAM), self._changes(now))
             land_events(lake.paths, lake.stream(ROUTED_STREAM), self._routed(now))
+            if self.kafka:
+                self._produce_kafka(now)
+        if self.kafka and (self.kafka.flush(self.args.drain_timeout) or self.undelivered):
+            raise RuntimeError(f"Kafka records not delivered: {self.undelivered[:3] or 'still queued'}")
+
+    def _send(self, topic: str, partition: int, value: bytes | None) -> None:
+        assert self.kafka
+
+        def delivered(error: Any, _message: Any) -> None:
+            if error is not None:
+                self.undelivered.append(str(error))
+
+        while True:
+            try:
+                self.kafka.produce(topic, value, partition=partition, on_delivery=delivered)
+                break
+            except BufferError:  # the client's queue is full (the broker is down): let it send
+                self.kafka.poll(0.5)
+        self.kafka.poll(0)
+
+    def _produce_kafka(self, now: str) -> None:
+        first, self.oracle.kafka_ids = self.oracle.kafka_ids, self.oracle.kafka_ids + self.args.events
+        for event_id in range(first, self.oracle.kafka_ids):
+            value = json.dumps({"event_id": event_id, "ts": now}).encode()
+            self._send(KAFKA_TOPIC, event_id % KAFKA_PARTITIONS, value)
+        for _ in range(self.args.changes):
+            key = self.rng.randrange(self.args.keys)
+            partition = key % DEBEZIUM_PARTITIONS  # a key's changes in one partition, in their order
+            before = {"id": key, "balance": self.oracle.customers.get(key)}
+            if key not in self.oracle.customers:
+                op, after = "c", {"id": key, "balance": self.rng.randrange(1_000_000)}
+            elif self.rng.random() < 0.2:
+                op, after = "d", None
+            else:
+                op, after = "u", {"id": key, "balance": self.rng.randrange(1_000_000)}
+            self.oracle.lsn += 1
+            if after is None:
+                del self.oracle.customers[key]
+            else:
+                self.oracle.customers[key] = after["balance"]
+            envelope = {
+                "op": op,
+                "before": None if op == "c" else before,
+                "after": after,
+                "source": {"lsn": self.oracle.lsn},
+            }
+            self._send(DEBEZIUM_TOPIC, partition, json.dumps(envelope).encode())
+            if op == "d":
+                self._send(DEBEZIUM_TOPIC, partition, None)  # the tombstone Debezium follows a delete with
 
     def _appends(self, now: str) -> list[str]:
         first, self.oracle.append_ids = self.oracle.append_ids, self.oracle.append_ids + self.args.events
@@ -268,8 +382,11 @@ class Orchestrator:
         return pgid
 
 
-def chaos(args: argparse.Namespace, orchestrator: Orchestrator, deadline: float) -> list[dict[str, Any]]:
-    """Kill one process of the runtime every ``--min-gap``-``--max-gap`` s until ``deadline``."""
+def chaos(
+    args: argparse.Namespace, orchestrator: Orchestrator, broker: LocalBroker | None, deadline: float
+) -> list[dict[str, Any]]:
+    """Kill one process of the runtime (or the broker) every ``--min-gap``-``--max-gap`` s until
+    ``deadline``."""
     rng = random.Random(args.seed)
     kills: list[dict[str, Any]] = []
     moments, moment = [], time.monotonic()
@@ -283,12 +400,22 @@ def chaos(args: argparse.Namespace, orchestrator: Orchestrator, deadline: float)
         orchestrator_at = set(range(len(moments) - count, len(moments)))
     else:
         orchestrator_at = set(rng.sample(range(len(moments)), count))
+    others = [index for index in range(len(moments)) if index not in orchestrator_at]
+    broker_at = set(rng.sample(others, min(args.broker_kills, len(others)))) if broker else set()
     for index, moment in enumerate(moments):
         time.sleep(max(0.0, moment - time.monotonic()))
         if index in orchestrator_at:
             kills.append({"at": time.time(), "kind": "dagster-dev", "pid": orchestrator.kill()})
             print(f"  kill {len(kills)}: dagster dev (whole process group); starting it again")
             orchestrator.start()
+            continue
+        if broker and index in broker_at:
+            assert broker.process is not None
+            kills.append({"at": time.time(), "kind": "kafka-broker", "pid": broker.process.pid, "signal": "SIGKILL"})
+            print(f"  kill {len(kills)}: the Kafka broker; starting it again in {args.broker_down:.0f} s")
+            broker.stop(kill=True)
+            time.sleep(args.broker_down)
+            broker.start()
             continue
         next_moment = moments[index + 1] if index + 1 < len(moments) else deadline
         found = find_victim(orchestrator.work, rng.sample(KINDS[:3], 3), next_moment)
@@ -309,8 +436,9 @@ def chaos(args: argparse.Namespace, orchestrator: Orchestrator, deadline: float)
     return kills
 
 
-def table_state(oracle: Oracle) -> dict[str, Any]:
-    """Every table against its oracle, read by DuckDB at its current snapshot."""
+def table_state(oracle: Oracle, kafka: bool) -> dict[str, Any]:
+    """Every table against its oracle, read by DuckDB at its current snapshot (the Kafka streams'
+    with ``kafka``)."""
     from lakehouse_assets.lakehouse import Lakehouse
     from lakehouse_assets.quality.duck import iceberg_connection, scan
 
@@ -345,6 +473,18 @@ def table_state(oracle: Oracle) -> dict[str, Any]:
         state[identifier] = len(ids) if ids is not None else None
         state["routed_ok"] = state["routed_ok"] and ids == sorted(expected)
     state["ok"] = state["append_ok"] and state["changes_ok"] and state["routed_ok"]
+    if not kafka:
+        return state
+    ids_sql = "SELECT count(*), count(DISTINCT event_id), min(event_id), max(event_id) FROM {table}"
+    kafka_ids = rows(KAFKA_TABLE, ids_sql)
+    state[KAFKA_TABLE] = kafka_ids[0] if kafka_ids else None
+    expected_ids = (oracle.kafka_ids, oracle.kafka_ids, 0, oracle.kafka_ids - 1)
+    state["kafka_ok"] = bool(kafka_ids) and kafka_ids[0] == expected_ids
+    customers = rows(DEBEZIUM_TABLE, "SELECT id, balance FROM {table} ORDER BY id")
+    state[DEBEZIUM_TABLE] = len(customers) if customers is not None else None
+    state["debezium_ok"] = customers is not None and dict(customers) == oracle.customers
+    state["debezium_ok"] = state["debezium_ok"] and len(customers or []) == len(oracle.customers)
+    state["ok"] = state["ok"] and state["kafka_ok"] and state["debezium_ok"]
     return state
 
 
@@ -367,12 +507,15 @@ def main(argv: list[str] | None = None) -> int:
     orchestrator = Orchestrator(args, work)
     oracle = Oracle()
     result: dict[str, Any] = {"seed": args.seed, "args": {k: str(v) for k, v in vars(args).items()}}
+    broker = start_broker(work) if args.kafka else None
+    config = pipeline_config(args.max_age, broker.bootstrap_servers if broker else None)
+    work.config_file.write_text(yaml.safe_dump(config, sort_keys=False))
     try:
         result["ready"] = orchestrator.start()
-        producer = Producer(args, oracle)
+        producer = Producer(args, oracle, broker.bootstrap_servers if broker else None)
         started = time.monotonic()
         producer.start()
-        kills = chaos(args, orchestrator, started + args.seconds)
+        kills = chaos(args, orchestrator, broker, started + args.seconds)
         producer.join()
         if producer.error is not None:
             raise producer.error
@@ -384,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         idle_looks = 0
         while time.monotonic() < deadline:
             dev.ensure_running(orchestrator.process, work)
-            state = table_state(oracle)
+            state = table_state(oracle, broker is not None)
             idle_looks = idle_looks + 1 if state["ok"] and not runs_summary(instance)["not_final"] else 0
             if idle_looks >= 2:  # two looks apart, so a run about to be launched is not missed
                 drained_at = time.time()
@@ -398,9 +541,18 @@ def main(argv: list[str] | None = None) -> int:
             runs=runs_summary(instance),
             drained=drained_at is not None,
             drain_seconds_after_last_kill=(drained_at - last_kill) if drained_at else None,
-            events={"append": oracle.append_ids, "routed": oracle.routed_ids, "live_keys": len(oracle.accounts)},
+            events={
+                "append": oracle.append_ids,
+                "routed": oracle.routed_ids,
+                "live_keys": len(oracle.accounts),
+                "kafka": oracle.kafka_ids,
+                "debezium_changes": oracle.lsn,
+                "debezium_live_keys": len(oracle.customers),
+            },
         )
     finally:
+        if broker:  # first: it runs under this benchmark's home, so it is no stray of dagster dev
+            broker.stop()
         if orchestrator.process is not None:
             # SIGTERM to the whole dagster dev first; what was still alive 30 s later was SIGKILLed.
             # The Spark host (and its JVM) outlives dagster dev by design, until its idle timeout.
@@ -418,15 +570,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
+def start_broker(work: dev.Workdir) -> LocalBroker:
+    """A local broker in the work directory with this benchmark's two topics."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    broker = LocalBroker(work.root / "kafka", free_port(), free_port())
+    broker.start()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    topics = [NewTopic(KAFKA_TOPIC, KAFKA_PARTITIONS, 1), NewTopic(DEBEZIUM_TOPIC, DEBEZIUM_PARTITIONS, 1)]
+    for future in admin.create_topics(topics).values():
+        future.result()
+    return broker
+
+
 def make_workdir(args: argparse.Namespace) -> dev.Workdir:
-    """Temporary homes with the project's ``dagster.yaml`` and this benchmark's three streams; this
-    process's environment points at them (it reads the tables and the instance itself)."""
+    """Temporary homes with the project's ``dagster.yaml``; this process's environment points at
+    them (it reads the tables and the instance itself)."""
     root = Path(tempfile.mkdtemp(prefix="lakehouse-chaos-", dir=args.work_root))
     work = dev.Workdir(root, root / "home", root / "dagster", root / "lakehouse.yaml", root / "dagster-dev.log", {})
     work.home.mkdir()
     work.dagster_home.mkdir()
     shutil.copy(args.project_root / "dagster.yaml", work.dagster_home / "dagster.yaml")
-    work.config_file.write_text(yaml.safe_dump(pipeline_config(args.max_age), sort_keys=False))
     os.environ.update(
         LAKEHOUSE_HOME=str(work.home), DAGSTER_HOME=str(work.dagster_home), LAKEHOUSE_CONFIG=str(work.config_file)
     )

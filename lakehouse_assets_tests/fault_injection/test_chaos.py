@@ -31,6 +31,9 @@ def test_kills_of_every_runtime_process_under_dagster_dev_heal_without_an_operat
     # of the other kinds to chance.
     command += ["--orchestrator-last", "--drain-timeout", "240", "--json-out", str(result_file)]
     command += ["--work-root", str(tmp_path)]
+    # The Kafka streams and broker kills are the benchmark's (docs/benchmarks.md); test_kafka.py
+    # kills the broker and the committer on their own, within the suite's budget.
+    command += ["--no-kafka"]
 
     finished = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=PROJECT_ROOT)
 
