@@ -43,7 +43,7 @@ unit: $(BIN)/lakehouse
 	$(BIN)/pytest -m "not spark"
 
 ui: $(BIN)/lakehouse
-	$(BIN)/python -m lakehouse_assets.instance_settings
+	$(BIN)/python -m lakehouse_assets.runtime.instance_settings
 	# The HTTP source runs beside the UI and stops with it (without streams that accept HTTP it
 	# says so and exits). SIGINT back to its default for dagster dev: started in the background
 	# (`make ui &`, a script), it is ignored, and dagster dev, which takes SIGTERM as SIGINT, would

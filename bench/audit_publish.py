@@ -83,8 +83,8 @@ def main() -> None:
     from lakehouse_assets.engine.spark import lakehouse_session
     from lakehouse_assets.ingest.micro_batching import mint_next_batch
     from lakehouse_assets.ingest.staging import stage_batch
+    from lakehouse_assets.ingest.table_commits import commit_table
     from lakehouse_assets.lakehouse import Lakehouse
-    from lakehouse_assets.table_commits import commit_table
 
     lake = Lakehouse.from_env()
     spark = lakehouse_session(lake)

@@ -65,7 +65,7 @@ def _commit(spark, lake, stream_name: str, lines: list[str]):
     from lakehouse_assets.batches.landing import land_events
     from lakehouse_assets.ingest.micro_batching import mint_next_batch
     from lakehouse_assets.ingest.staging import stage_batch
-    from lakehouse_assets.table_commits import commit_table
+    from lakehouse_assets.ingest.table_commits import commit_table
 
     stream = lake.stream(stream_name)
     started = time.perf_counter()

@@ -330,7 +330,7 @@ def victims(work: dev.Workdir, kind: str) -> list[int]:
     if kind == "spark-jvm":
         return [pid for pid in mine if "SparkSubmit" in _cmdline(pid) and _parent(pid) in hosts]
     if kind == "run-worker":  # the process holding a run's liveness lock, which names its process id
-        from lakehouse_assets.run_liveness import RunProcess, liveness_label, run_process
+        from lakehouse_assets.runtime.run_liveness import RunProcess, liveness_label, run_process
 
         pids = set()
         for lock in (work.home / "state" / "runs").glob("*.lock"):

@@ -473,7 +473,7 @@ def runs_in_progress(instance: Any) -> list[str]:
     """``job (status)`` for every run that is not finished (queued, starting, started, canceling)."""
     import dagster as dg
 
-    from lakehouse_assets.run_states import UNFINISHED
+    from lakehouse_assets.runtime.run_states import UNFINISHED
 
     runs = instance.get_runs(filters=dg.RunsFilter(statuses=list(UNFINISHED)))
     return [f"{run.job_name} ({run.status.value}) {run.run_id[:8]}" for run in runs]

@@ -140,7 +140,7 @@ def _pipeline_loop(env: dict[str, str], stop: threading.Event, log: Path) -> Non
     with open(log, "ab") as output:
         while not stop.is_set():
             run = subprocess.Popen(
-                [sys.executable, "-m", "lakehouse_assets.cli", "run", "--until-idle"],
+                [sys.executable, "-m", "lakehouse_assets.cli.main", "run", "--until-idle"],
                 env=env,
                 stdout=output,
                 stderr=subprocess.STDOUT,
@@ -204,7 +204,7 @@ def main() -> None:
     direct_directory = workdir / "direct"
 
     server = subprocess.Popen(
-        [sys.executable, "-m", "lakehouse_assets.cli", "serve"],
+        [sys.executable, "-m", "lakehouse_assets.cli.main", "serve"],
         env=env,
         stdout=open(workdir / "serve.log", "wb"),  # noqa: SIM115 - the server's log, for its life
         stderr=subprocess.STDOUT,

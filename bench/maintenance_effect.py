@@ -64,8 +64,8 @@ def _commit_events(spark, lines: list[str], stream_name: str):
     from lakehouse_assets.batches.landing import land_events
     from lakehouse_assets.ingest.micro_batching import mint_next_batch
     from lakehouse_assets.ingest.staging import stage_batch
+    from lakehouse_assets.ingest.table_commits import commit_table
     from lakehouse_assets.lakehouse import Lakehouse
-    from lakehouse_assets.table_commits import commit_table
 
     lake = Lakehouse.from_env()
     stream = lake.stream(stream_name)

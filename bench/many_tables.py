@@ -94,7 +94,7 @@ def setup(workdir: Path) -> dict[str, str]:
 def landed_files(payload: list[str]) -> list[str]:
     """Land ``payload`` in the router's landing directory, as ``lakehouse ingest`` does."""
     from lakehouse_assets.batches.landing import land_events, landing_dir, list_landing_files
-    from lakehouse_assets.config_loader import load_config
+    from lakehouse_assets.config.loader import load_config
     from lakehouse_assets.paths import LakehousePaths
 
     stream = load_config().stream(STREAM)
@@ -151,7 +151,7 @@ def in_process(tables: int, count: int) -> dict[str, Any]:
     payload = events(count, tables)
     files = landed_files(payload)
     bare_seconds, _ = timed([sys.executable, "-c", BARE_WRITE, *files], env)
-    pipeline_seconds, _ = timed([sys.executable, "-m", "lakehouse_assets.cli", "run", "--until-idle"], env)
+    pipeline_seconds, _ = timed([sys.executable, "-m", "lakehouse_assets.cli.main", "run", "--until-idle"], env)
     found = verify(payload, tables)
     runs = run_counts(workdir / "dagster")
     return {

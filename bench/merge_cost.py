@@ -37,8 +37,8 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from lakehouse_assets.batches.staged_format import OPERATION_COLUMN
-    from lakehouse_assets.catalog.tables import MERGE_ON_READ_PROPERTIES
     from lakehouse_assets.commit.table_writes import append_rows, count_changes, merge_changes
+    from lakehouse_assets.commit.tables import MERGE_ON_READ_PROPERTIES
     from lakehouse_assets.engine.spark import lakehouse_session
     from lakehouse_assets.lakehouse import Lakehouse
 

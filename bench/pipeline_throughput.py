@@ -135,7 +135,7 @@ def _round(events: list[str]) -> tuple[Round, list[str]]:
 
     # Both sides are cold processes: each starts Python and a Spark JVM, reads the same files and
     # writes one Iceberg table.
-    lakehouse = [sys.executable, "-m", "lakehouse_assets.cli", "run", "--until-idle"]
+    lakehouse = [sys.executable, "-m", "lakehouse_assets.cli.main", "run", "--until-idle"]
     bare_seconds = _timed([sys.executable, "-c", BARE_APPEND, *files])
     pipeline_seconds = _timed(lakehouse)
 

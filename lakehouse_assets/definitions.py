@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from lakehouse_assets.catalog.tables import require_static_tables
-from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.commit.tables import require_static_tables
+from lakehouse_assets.config.spec import LakehouseConfig, StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import complete_days_asset, router_asset, staged_batches_asset
 from lakehouse_assets.defs.checks import check_job
@@ -18,7 +18,8 @@ from lakehouse_assets.defs.publishing import discard_job, publish_job, published
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.defs.sensors import committer_sensor, landing_sensor
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.migration_scripts import read_migration_scripts_once
+from lakehouse_assets.runtime.migration_scripts import read_migration_scripts_once
+from lakehouse_assets.runtime.run_liveness import RUN_KIND_TAG
 
 
 def build_definitions(config: LakehouseConfig) -> dg.Definitions:
@@ -84,7 +85,7 @@ def stage_job(stream: StreamSpec, group: CommitGroup | None):  # -> UnresolvedAs
     return dg.define_asset_job(
         names.stage_job_name(stream.name),
         selection=selection,
-        tags={names.RUN_KIND_TAG: "writer"},
+        tags={RUN_KIND_TAG: "writer"},
         description=f"Stage one batch of stream {stream.name}"
         + ("." if stream.is_router else f" and commit it to {stream.table_identifier}, with its checks."),
     )

@@ -15,8 +15,8 @@ from pyiceberg.table import Table
 
 from lakehouse_assets.batches.ledger import StreamLedger
 from lakehouse_assets.catalog import table_metadata
-from lakehouse_assets.config import LakehouseConfig, StreamSpec
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.config.loader import load_config
+from lakehouse_assets.config.spec import LakehouseConfig, StreamSpec
 from lakehouse_assets.errors import TableNotFoundError
 from lakehouse_assets.paths import LakehousePaths
 

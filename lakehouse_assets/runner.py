@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.instance_settings import dagster_home, ensure_instance_settings
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.run_liveness import LIVENESS_TAG, RunProcess, release_run_lock, run_process
-from lakehouse_assets.run_states import LAUNCHED
+from lakehouse_assets.runtime.instance_settings import dagster_home, ensure_instance_settings
+from lakehouse_assets.runtime.run_liveness import LIVENESS_TAG, RunProcess, release_run_lock, run_process
+from lakehouse_assets.runtime.run_states import LAUNCHED
 
 RUN_KEY_TAG = "dagster/run_key"
 SENSOR_NAME_TAG = "dagster/sensor_name"

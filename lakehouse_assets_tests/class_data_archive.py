@@ -45,12 +45,12 @@ def _run_one_round(archive: Path, work: Path) -> None:
     """Stage and commit one round of the fault pipeline's streams, on Spark alone (no Dagster)."""
     import yaml
 
-    from lakehouse_assets.config_loader import load_config
+    from lakehouse_assets.config.loader import load_config
     from lakehouse_assets.engine.spark import lakehouse_session, static_spark_conf
     from lakehouse_assets.ingest.micro_batching import mint_next_batch
     from lakehouse_assets.ingest.staging import stage_batch
+    from lakehouse_assets.ingest.table_commits import commit_table
     from lakehouse_assets.lakehouse import Lakehouse
-    from lakehouse_assets.table_commits import commit_table
     from lakehouse_assets_tests.fault_injection.pipeline import PIPELINE, land_round
 
     os.environ.update(LAKEHOUSE_HOME=str(work / "lakehouse"), LAKEHOUSE_CONFIG=str(work / "lakehouse.yaml"))

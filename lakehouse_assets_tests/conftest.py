@@ -15,9 +15,9 @@ import dagster as dg
 import pytest
 import yaml
 
-from lakehouse_assets.config import LakehouseConfig
-from lakehouse_assets.config_loader import load_config
-from lakehouse_assets.engine.connectors import KAFKA_BROKER, SPARK_KAFKA, fetch_jars
+from lakehouse_assets.config.loader import load_config
+from lakehouse_assets.config.spec import LakehouseConfig
+from lakehouse_assets.jvm.connectors import KAFKA_BROKER, SPARK_KAFKA, fetch_jars
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.kafka_broker import LocalBroker, local_broker
 from lakehouse_assets.paths import LakehousePaths

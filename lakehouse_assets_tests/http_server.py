@@ -61,7 +61,7 @@ class HttpServer:
         """Start the process without waiting for it to answer."""
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "lakehouse_assets.cli", "serve", "--port", str(self.port)],
+                [sys.executable, "-m", "lakehouse_assets.cli.main", "serve", "--port", str(self.port)],
                 env={**os.environ, **self.extra_env},
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -25,8 +25,8 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
-from lakehouse_assets.engine.java_runtime import ensure_java_home
 from lakehouse_assets.engine.spark_host import host_pid
+from lakehouse_assets.jvm.java_runtime import ensure_java_home
 from lakehouse_assets.lakehouse import Lakehouse
 
 LOOPBACK = "127.0.0.1"

@@ -6,14 +6,14 @@ import json
 import dagster as dg
 import pytest
 
-from lakehouse_assets import cli
 from lakehouse_assets.batches.landing import land_events
+from lakehouse_assets.cli import main as cli
+from lakehouse_assets.cli.status import lakehouse_status
 from lakehouse_assets.commit.branches import audit_state
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.ops.status import lakehouse_status
 from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import write_config

@@ -9,7 +9,7 @@ from lakehouse_assets.catalog.catalogs import (
     spark_catalog_properties,
     without_credentials,
 )
-from lakehouse_assets.config import parse_config
+from lakehouse_assets.config.spec import parse_config
 from lakehouse_assets.engine.spark import MASTER_ENV, catalog_conf, static_spark_conf
 from lakehouse_assets.errors import ConfigError
 from lakehouse_assets.lakehouse import Lakehouse

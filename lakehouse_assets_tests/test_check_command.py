@@ -16,6 +16,7 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_until_idle
+from lakehouse_assets.runtime.run_liveness import RUN_KIND_TAG
 from lakehouse_assets_tests.conftest import write_config
 
 pytestmark = pytest.mark.spark
@@ -72,7 +73,7 @@ def test_a_planted_duplicate_key_fails_lakehouse_check_in_a_recorded_run_until_i
     assert "crm.customers data_files_unique: passed" in failing.stdout
     [run] = instance.get_runs(filters=dg.RunsFilter(job_name=names.check_job_name("crm.customers")))
     assert run.status == dg.DagsterRunStatus.FAILURE
-    assert run.tags[names.RUN_KIND_TAG] == "check"
+    assert run.tags[RUN_KIND_TAG] == "check"
     key = dg.AssetCheckKey(names.table_key("crm.customers"), names.KEYS_UNIQUE_CHECK)
     record = instance.get_latest_asset_check_evaluation_record(key)
     assert (record.run_id, record.status.value) == (run.run_id, "FAILED")

@@ -9,15 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
-from lakehouse_assets import cli
 from lakehouse_assets.batches.landing import land_events
+from lakehouse_assets.cli import main as cli
+from lakehouse_assets.cli.demo import sample_orders
 from lakehouse_assets.definitions import build_definitions
-from lakehouse_assets.demo import sample_orders
-from lakehouse_assets.instance_settings import LAUNCHER_MARKER, ensure_instance_settings
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_until_idle
+from lakehouse_assets.runtime.instance_settings import LAUNCHER_MARKER, ensure_instance_settings
 
 LAKEHOUSE = Path(sys.executable).parent / "lakehouse"
 
@@ -106,3 +107,18 @@ def test_instance_settings_without_the_projects_are_reported_with_the_fix(tmp_pa
 
     assert note is not None and note.startswith(f"warning: {home / 'dagster.yaml'} lacks the project's instance")
     assert "replace it with" in note and (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
+
+
+def test_instance_settings_copied_before_the_run_launcher_moved_are_updated_in_place(tmp_path):
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        "run_launcher:\n  module: lakehouse_assets.run_launcher\n  class: LivenessCheckingRunLauncher\n"
+    )
+
+    note = ensure_instance_settings(home)
+
+    assert note == f"updated {home / 'dagster.yaml'}: the run launcher's module is now {LAUNCHER_MARKER}"
+    updated = dg.DagsterInstance.from_config(str(home)).run_launcher
+    assert type(updated).__name__ == "LivenessCheckingRunLauncher"
+    assert ensure_instance_settings(home) is None

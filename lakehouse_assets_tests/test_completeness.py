@@ -4,7 +4,7 @@ import pytest
 
 from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.commit import summary_keys
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.lakehouse import Lakehouse

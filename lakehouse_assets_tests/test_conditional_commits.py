@@ -5,8 +5,8 @@ import pytest
 from py4j.protocol import Py4JJavaError
 
 from lakehouse_assets.catalog.conditional_commits import same_location
-from lakehouse_assets.engine.jvm import is_commit_conflict, jvm
 from lakehouse_assets.engine.spark import lakehouse_session
+from lakehouse_assets.jvm.spark_jvm import is_commit_conflict, jvm
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,9 @@
 import pytest
 
-from lakehouse_assets.config import parse_config, parse_duration
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.config.loader import load_config
+from lakehouse_assets.config.routed_streams import with_routes
+from lakehouse_assets.config.spec import parse_config, parse_duration
 from lakehouse_assets.errors import ConfigError
-from lakehouse_assets.routed_streams import with_routes
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, write_config
 
 

@@ -2,10 +2,10 @@
 directories alone (no Spark): one ledger record and one directory per table."""
 
 from lakehouse_assets.batches.ledger import CommittedBatch, MintedBatch, StreamLedger
-from lakehouse_assets.config import StreamSpec
-from lakehouse_assets.fan_in import tables_with_pending_routes
+from lakehouse_assets.config.routed_streams import routed_stream_name
+from lakehouse_assets.config.spec import StreamSpec
+from lakehouse_assets.ingest.fan_in import tables_with_pending_routes
 from lakehouse_assets.ingest.routing import route_file
-from lakehouse_assets.routed_streams import routed_stream_name
 
 ROUTER = StreamSpec.model_validate({"name": "tenants", "table_identifier": "t.${/tenant}", "auto_create": True})
 TABLES = ["t.quiet", "t.new", "t.unbatched", "t.uncommitted", "t.done"]

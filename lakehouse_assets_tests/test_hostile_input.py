@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from lakehouse_assets.batches.landing import land_events, landing_dir
 from lakehouse_assets.batches.staged_format import LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN
-from lakehouse_assets.catalog.tables import ensure_table
+from lakehouse_assets.commit.tables import ensure_table
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest import conversion
@@ -20,9 +20,9 @@ from lakehouse_assets.ingest.landing_reader import read_landing_lines
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.parsed_lines import read_parsed_events
 from lakehouse_assets.ingest.staging import stage_batch
+from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_pipeline_until_idle, run_until_idle
-from lakehouse_assets.table_commits import commit_table
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
 from lakehouse_assets_tests.test_parsed_lines import line_read_alike
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows

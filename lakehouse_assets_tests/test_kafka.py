@@ -20,6 +20,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from lakehouse_assets import faults
+from lakehouse_assets.cli.status import lakehouse_status
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
@@ -27,7 +28,6 @@ from lakehouse_assets.ingest.kafka_batching import kafka_progress
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.kafka_broker import LocalBroker
-from lakehouse_assets.ops.status import lakehouse_status
 from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import write_config

@@ -26,7 +26,7 @@ LINE = st.one_of(
 
 
 def _session(home):
-    from lakehouse_assets.config import parse_config
+    from lakehouse_assets.config.spec import parse_config
     from lakehouse_assets.paths import LakehousePaths
 
     config = parse_config({"streams": [{"name": "s", "table_identifier": "a.b"}]})

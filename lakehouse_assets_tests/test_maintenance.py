@@ -10,7 +10,7 @@ import pytest
 
 from lakehouse_assets.batches.landing import land_events, landing_dir, list_landing_files
 from lakehouse_assets.batches.ledger import StreamLedger
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.ingest.landing_retention import remove_committed_landing_files

@@ -8,13 +8,13 @@ import pytest
 
 from lakehouse_assets.batches.landing import land_events, landing_dir, list_landing_files
 from lakehouse_assets.batches.ledger import CommittedBatch, StreamLedger
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.cli.status import lakehouse_status
+from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.pending_landing import pending_files
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.ops.status import lakehouse_status
 from lakehouse_assets.runner import run_job, run_until_idle
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
 from lakehouse_assets_tests.test_sensors import _tick

@@ -14,9 +14,9 @@ from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.staging import stage_batch
+from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets.runner import run_until_idle
-from lakehouse_assets.table_commits import commit_table
 from lakehouse_assets_tests.conftest import order_event
 
 pytestmark = pytest.mark.spark

@@ -8,7 +8,7 @@ import pytest
 
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.lakehouse import Lakehouse

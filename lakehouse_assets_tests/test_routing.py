@@ -13,7 +13,8 @@ from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events, landing_dir, list_landing_files
 from lakehouse_assets.batches.ledger import EVENTS_DIR, StreamLedger
 from lakehouse_assets.commit import summary_keys
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.config.loader import load_config
+from lakehouse_assets.config.routed_streams import routed_stream_name
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.sensors import writer_run_request
@@ -21,7 +22,6 @@ from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.replay import replay_dead_letters
-from lakehouse_assets.routed_streams import routed_stream_name
 from lakehouse_assets.runner import run_job, run_pipeline_until_idle
 from lakehouse_assets_tests.conftest import write_config
 from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse, run_pipeline

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakehouse_assets.commit.row_deltas import ordered_as_spark
-from lakehouse_assets.config import SOURCE_POSITION_COLUMN
+from lakehouse_assets.config.spec import SOURCE_POSITION_COLUMN
 from lakehouse_assets.engine.spark import lakehouse_session
 
 pytestmark = pytest.mark.spark

@@ -11,12 +11,12 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from lakehouse_assets import run_launcher
-from lakehouse_assets.defs.names import RUN_KIND_TAG
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.run_launcher import LivenessCheckingRunLauncher
-from lakehouse_assets.run_liveness import (
+from lakehouse_assets.runtime import run_launcher
+from lakehouse_assets.runtime.run_launcher import LivenessCheckingRunLauncher
+from lakehouse_assets.runtime.run_liveness import (
     LIVENESS_TAG,
+    RUN_KIND_TAG,
     RunProcess,
     hold_run_lock,
     liveness_label,
@@ -27,7 +27,7 @@ from lakehouse_assets.run_liveness import (
 HOLDER = """
 import sys, time
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.run_liveness import hold_run_lock
+from lakehouse_assets.runtime.run_liveness import hold_run_lock
 print(hold_run_lock(LakehousePaths.from_env(), sys.argv[1]), flush=True)
 time.sleep(600)
 """

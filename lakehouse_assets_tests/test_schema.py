@@ -18,7 +18,7 @@ from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.batches.staged_format import REASON_COLUMN
 from lakehouse_assets.batches.staged_rows import read_staged
 from lakehouse_assets.catalog.iceberg_types import parse_type, type_name
-from lakehouse_assets.config import parse_config
+from lakehouse_assets.config.spec import parse_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.engine.spark import lakehouse_session

@@ -11,15 +11,15 @@ from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.catalog.iceberg_types import iceberg_type_name
 from lakehouse_assets.commit import summary_keys
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.staging import stage_batch
+from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_until_idle
-from lakehouse_assets.table_commits import commit_table
 from lakehouse_assets_tests.conftest import write_config
 from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse
 

@@ -6,7 +6,7 @@ import time
 import dagster as dg
 
 from lakehouse_assets.batches.landing import land_events
-from lakehouse_assets.config import FlushSpec
+from lakehouse_assets.config.spec import FlushSpec
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource

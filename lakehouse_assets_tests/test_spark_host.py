@@ -15,9 +15,8 @@ import yaml
 
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events
-from lakehouse_assets.commit.locks import lock_if_free
 from lakehouse_assets.commit.recovery import lakehouse_commits
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
@@ -25,8 +24,9 @@ from lakehouse_assets.engine.spark_host import SparkHostError, call_on_host, hos
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.staging import stage_batch
+from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.table_commits import commit_table
+from lakehouse_assets.locks import lock_if_free
 from lakehouse_assets_tests.conftest import order_event, write_config
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 

@@ -16,8 +16,8 @@ from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.faults import InjectedFault
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.staging import stage_batch
+from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.quality.duck import iceberg_connection, scan
-from lakehouse_assets.table_commits import commit_table
 from lakehouse_assets_tests.conftest import order_event
 
 pytestmark = pytest.mark.spark

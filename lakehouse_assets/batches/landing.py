@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 
-from lakehouse_assets.config import MAX_LANDING_FILE_BYTES, StreamSpec
+from lakehouse_assets.config.spec import MAX_LANDING_FILE_BYTES, StreamSpec
 from lakehouse_assets.errors import IngestError
 from lakehouse_assets.paths import LakehousePaths
 

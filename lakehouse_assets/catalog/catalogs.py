@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
-from lakehouse_assets.env_references import resolve_env_references
+from lakehouse_assets.config.env_references import resolve_env_references
 from lakehouse_assets.errors import ConfigError
 
 HADOOP = "hadoop"

@@ -17,8 +17,8 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from lakehouse_assets.catalog.table_metadata import qualified_name
-from lakehouse_assets.engine.jvm import is_commit_conflict
-from lakehouse_assets.engine.jvm import jvm as spark_jvm
+from lakehouse_assets.jvm.spark_jvm import is_commit_conflict
+from lakehouse_assets.jvm.spark_jvm import jvm as spark_jvm
 
 if TYPE_CHECKING:  # the DuckDB checks import the branches module, which imports this, without Spark
     from py4j.java_gateway import JavaObject

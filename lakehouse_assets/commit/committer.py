@@ -42,11 +42,10 @@ from lakehouse_assets import faults
 from lakehouse_assets.batches.ledger import BatchRecord, CommittedBatch, StreamLedger
 from lakehouse_assets.batches.staged_rows import accepted_rows, read_staged
 from lakehouse_assets.catalog.table_metadata import qualified_name
-from lakehouse_assets.catalog.tables import identifier_columns
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.commit.branches import AuditState, audit_state, sync_audit_branch
+from lakehouse_assets.commit.completeness import count_late_events, next_watermark
 from lakehouse_assets.commit.dead_letters import commit_dead_letters
-from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.commit.pass_branches import (
     abandoned_pass_branches,
     drop_pass_branch,
@@ -76,12 +75,13 @@ from lakehouse_assets.commit.table_writes import (
     count_changes,
     merge_changes,
 )
-from lakehouse_assets.config import StreamSpec
-from lakehouse_assets.engine.jvm import copied_session, is_commit_conflict
+from lakehouse_assets.commit.tables import identifier_columns
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.errors import CommitOutcomeUnknownError, ConfigError, FencedError, SequenceGapError
 from lakehouse_assets.faults import crash_point
+from lakehouse_assets.jvm.spark_jvm import copied_session, is_commit_conflict
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.quality.completeness import count_late_events, next_watermark
+from lakehouse_assets.locks import exclusive_lock, table_lock_file
 
 COMMIT_ATTEMPTS = 3
 

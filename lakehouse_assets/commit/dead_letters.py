@@ -14,13 +14,13 @@ from lakehouse_assets.batches.landing import landing_dir
 from lakehouse_assets.batches.ledger import BatchRecord
 from lakehouse_assets.batches.staged_rows import read_staged, rejected_events
 from lakehouse_assets.catalog.table_metadata import qualified_name
-from lakehouse_assets.catalog.tables import MANAGED_TABLE_PROPERTIES
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.commit.pass_branches import abandoned_pass_branches, drop_pass_branch, written_on_pass_branch
 from lakehouse_assets.commit.recovery import MAIN_BRANCH, branch_head, committed_state
 from lakehouse_assets.commit.summary_keys import CommitStamp
 from lakehouse_assets.commit.table_writes import append_rows, run_with_commit_properties
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.commit.tables import MANAGED_TABLE_PROPERTIES
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.lakehouse import Lakehouse
 
 DEAD_LETTER_SUFFIX = "_dead_letters"

@@ -26,10 +26,10 @@ from lakehouse_assets import faults
 from lakehouse_assets.catalog.table_metadata import is_hadoop_catalog, qualified_name
 from lakehouse_assets.commit.branches import fast_forward
 from lakehouse_assets.commit.summary_keys import CommitStamp
-from lakehouse_assets.config import LakehouseConfig
-from lakehouse_assets.engine.jvm import is_commit_conflict
+from lakehouse_assets.config.spec import LakehouseConfig
 from lakehouse_assets.errors import FencedError
 from lakehouse_assets.faults import crash_point
+from lakehouse_assets.jvm.spark_jvm import is_commit_conflict
 
 PASS_BRANCH_PREFIX = "lakehouse_pass_"
 SWAP_ATTEMPTS = 5

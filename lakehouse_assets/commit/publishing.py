@@ -24,13 +24,13 @@ from lakehouse_assets.batches.ledger import BatchRecord
 from lakehouse_assets.catalog.conditional_commits import set_branch_if_unchanged
 from lakehouse_assets.commit.branches import AuditState, audit_state, on_main, reset_audit_branch
 from lakehouse_assets.commit.dead_letters import commit_dead_letters, stream_dead_letter_identifier
-from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.commit.recovery import MAIN_BRANCH, committed_state, next_epoch
 from lakehouse_assets.commit.summary_keys import CommitStamp
-from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.config.spec import LakehouseConfig, StreamSpec
 from lakehouse_assets.errors import ConfigError, DiscardRefusedError, FencedError, PublishRefusedError, TableMovedError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.locks import exclusive_lock, table_lock_file
 
 # Attempts at publishing when another host changed the table or its dead letters under each one.
 PUBLISH_ATTEMPTS = 3

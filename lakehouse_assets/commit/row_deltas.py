@@ -35,7 +35,6 @@ from lakehouse_assets import faults
 from lakehouse_assets.batches.staged_format import DELETE, OPERATION_COLUMN
 from lakehouse_assets.catalog.staged_snapshots import allow_staged_snapshots, staged_snapshot_id, write_staged
 from lakehouse_assets.catalog.table_metadata import qualified_name
-from lakehouse_assets.catalog.tables import identifier_columns
 from lakehouse_assets.commit.key_index import (
     FILE,
     ORDER,
@@ -48,11 +47,12 @@ from lakehouse_assets.commit.key_index import (
 )
 from lakehouse_assets.commit.recovery import MAIN_BRANCH, branch_head_id
 from lakehouse_assets.commit.table_writes import ChangeCounts
-from lakehouse_assets.config import SOURCE_POSITION_COLUMN, SOURCE_POSITION_TYPE, StreamSpec
-from lakehouse_assets.engine.jvm import is_validation_failure
-from lakehouse_assets.engine.jvm import jvm as spark_jvm
+from lakehouse_assets.commit.tables import identifier_columns
+from lakehouse_assets.config.spec import SOURCE_POSITION_COLUMN, SOURCE_POSITION_TYPE, StreamSpec
 from lakehouse_assets.errors import CommitConflictError, FencedError, LakehouseError
 from lakehouse_assets.faults import crash_point
+from lakehouse_assets.jvm.spark_jvm import is_validation_failure
+from lakehouse_assets.jvm.spark_jvm import jvm as spark_jvm
 from lakehouse_assets.lakehouse import Lakehouse
 
 # Iceberg's reserved field ids of a position delete file's two columns (the table spec).

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from lakehouse_assets.batches.staged_format import DELETE, OPERATION_COLUMN
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.commit.recovery import MAIN_BRANCH
-from lakehouse_assets.engine.jvm import jvm as spark_jvm
+from lakehouse_assets.jvm.spark_jvm import jvm as spark_jvm
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,11 @@ import time
 import dagster as dg
 
 from lakehouse_assets.batches.landing import http_events_in
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.commit_reports import report_commit_pass
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
-from lakehouse_assets.fan_in import commit_new_routes
+from lakehouse_assets.ingest.fan_in import commit_new_routes
 from lakehouse_assets.ingest.kafka_batching import kafka_progress
 from lakehouse_assets.ingest.routing import route_batches
 from lakehouse_assets.ingest.staging import minted_record, stage_batch

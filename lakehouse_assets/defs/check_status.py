@@ -3,7 +3,7 @@ instance by the assets, the sensors, publishing, ``lakehouse check`` and ``lakeh
 
 import dagster as dg
 
-from lakehouse_assets.config import ExpectationSpec, StreamSpec
+from lakehouse_assets.config.spec import ExpectationSpec, StreamSpec
 from lakehouse_assets.defs import names
 
 

@@ -9,19 +9,20 @@ import dagster as dg
 from pyiceberg.table import StaticTable
 
 from lakehouse_assets.batches.ledger import StreamLedger
-from lakehouse_assets.catalog.tables import identifier_columns
 from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
-from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.commit.tables import identifier_columns
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import blocking_check_names, blocking_expectations
 from lakehouse_assets.defs.commit_groups import CommitGroup
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.errors import describe_error
+from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.quality import checks
 from lakehouse_assets.quality.duck import iceberg_connection
 from lakehouse_assets.quality.lag import stream_lag_seconds
+from lakehouse_assets.runtime.run_liveness import RUN_KIND_TAG
 
 
 @dataclass(frozen=True)
@@ -324,6 +325,6 @@ def check_job(group: CommitGroup):  # -> UnresolvedAssetJobDefinition, not expor
         ),
         # The job's default run config, which the run config a launch gives is merged into.
         config={"resources": {"lakehouse": {"config": {"check_current_snapshot": True}}}},
-        tags=group.run_tags(list(group.tables)) | {names.RUN_KIND_TAG: "check"},
+        tags=group.run_tags(list(group.tables)) | {RUN_KIND_TAG: "check"},
         description=f"Run the blocking checks of {group.label} on the current snapshots.",
     )

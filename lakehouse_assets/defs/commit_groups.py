@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.config.spec import LakehouseConfig, StreamSpec
 from lakehouse_assets.defs import names
 
 

@@ -11,13 +11,13 @@ from pyiceberg.table import Table
 
 from lakehouse_assets.catalog.table_metadata import CATALOG_NAME
 from lakehouse_assets.commit.committer import CommitOutcome, CommitResult
+from lakehouse_assets.commit.completeness import complete_days, table_watermark
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH, table_history
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.errors import SequenceGapError
-from lakehouse_assets.quality.completeness import complete_days, table_watermark
 from lakehouse_assets.quality.lag import stream_lag_seconds
 from lakehouse_assets.quality.table_stats import table_stats
 

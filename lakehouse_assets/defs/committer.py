@@ -18,7 +18,7 @@ import dagster as dg
 from lakehouse_assets.commit.branches import AuditState
 from lakehouse_assets.commit.committer import CommitOutcome, seconds_until_commit_due
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import failed_checks
 from lakehouse_assets.defs.checks import CheckTarget, TableCheck, checked_target, table_check_registry
@@ -31,9 +31,10 @@ from lakehouse_assets.defs.commit_reports import (
 )
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import SequenceGapError, describe_error
-from lakehouse_assets.fan_in import commit_concurrently, stage_routed_tables, tables_with_pending_routes
+from lakehouse_assets.ingest.fan_in import commit_concurrently, stage_routed_tables, tables_with_pending_routes
+from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.quality import checks
-from lakehouse_assets.table_commits import commit_table
+from lakehouse_assets.runtime.run_liveness import RUN_KIND_TAG
 
 
 class CommitGroupConfig(dg.Config):
@@ -337,7 +338,7 @@ def commit_job(group: CommitGroup):  # -> UnresolvedAssetJobDefinition, not expo
     return dg.define_asset_job(
         group.commit_job_name,
         selection=group.committed_selection(),
-        tags={names.RUN_KIND_TAG: "committer", names.PRIORITY_TAG: str(names.COMMITTER_PRIORITY)},
+        tags={RUN_KIND_TAG: "committer", names.PRIORITY_TAG: str(names.COMMITTER_PRIORITY)},
         description=f"Commit ready staged batches to {group.label}, check each commit"
         + (", and publish it when the checks pass." if audits else "."),
     )

@@ -5,6 +5,7 @@ import dagster as dg
 
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.commit_groups import CommitGroup
+from lakehouse_assets.runtime.run_liveness import RUN_KIND_TAG
 
 FRESHNESS_CRON = "*/5 * * * *"
 
@@ -16,7 +17,7 @@ def freshness_job(group: CommitGroup):  # -> UnresolvedAssetJobDefinition, not e
         selection=dg.AssetSelection.checks(
             *(dg.AssetCheckKey(names.table_key(table), names.FRESHNESS_CHECK) for table in group.tables)
         ),
-        tags={names.RUN_KIND_TAG: "freshness", names.PRIORITY_TAG: str(names.BACKGROUND_PRIORITY)},
+        tags={RUN_KIND_TAG: "freshness", names.PRIORITY_TAG: str(names.BACKGROUND_PRIORITY)},
         description=f"Evaluate {names.FRESHNESS_CHECK} of {group.label} (each stream's lag against max_lag).",
     )
 

@@ -3,9 +3,10 @@ bulk files (``search_export/<stream>``), their job and the sensor that polls the
 
 import dagster as dg
 
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
+from lakehouse_assets.runtime.run_liveness import RUN_KIND_TAG
 from lakehouse_assets.source.iceberg_source import emit_source_changes, load_source_table, read_cursor
 from lakehouse_assets.source.search_export import export_bulk_files
 
@@ -70,7 +71,7 @@ def source_job(stream: StreamSpec):
     return dg.define_asset_job(
         names.source_job_name(stream.name),
         selection=dg.AssetSelection.assets(names.source_key(stream.name), names.search_export_key(stream.name)),
-        tags={names.RUN_KIND_TAG: "source"},
+        tags={RUN_KIND_TAG: "source"},
         description=f"Export the new snapshots of {stream.source_table.table} as change events.",
     )
 

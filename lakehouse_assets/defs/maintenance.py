@@ -2,13 +2,14 @@
 
 import dagster as dg
 
-from lakehouse_assets.config import LakehouseConfig
+from lakehouse_assets.config.spec import LakehouseConfig
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.commit_groups import CommitGroup
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import describe_error
 from lakehouse_assets.ops.maintenance import MaintenanceStep, maintain_table
 from lakehouse_assets.quality.table_stats import table_stats
+from lakehouse_assets.runtime.run_liveness import RUN_KIND_TAG
 
 
 def _numeric_counts(step: MaintenanceStep) -> dict[str, int | float]:
@@ -79,7 +80,7 @@ def maintenance_job(group: CommitGroup) -> dg.JobDefinition:
         name=group.maintenance_job_name,
         description=f"Table maintenance for {group.label}; scheduled, or launch it on demand.",
         tags=group.run_tags(list(group.tables))
-        | {names.RUN_KIND_TAG: "maintenance", names.PRIORITY_TAG: str(names.BACKGROUND_PRIORITY)},
+        | {RUN_KIND_TAG: "maintenance", names.PRIORITY_TAG: str(names.BACKGROUND_PRIORITY)},
     )
     def _job() -> None:
         maintain()

@@ -9,9 +9,6 @@ STAGING_PREFIX = "staging"
 STREAM_TAG = "lakehouse/stream"
 SEQUENCE_TAG = "lakehouse/sequence"
 TABLE_TAG = "lakehouse/table"
-RUN_KIND_TAG = "lakehouse/run-kind"
-"""What a run does: ``writer``, ``committer``, ``maintenance``, ``freshness``, ``source`` or ``check``;
-``dagster.yaml`` limits runs by it."""
 PRIORITY_TAG = "dagster/priority"
 """Dagster's run-queue priority: higher is dequeued first."""
 COMMITTER_PRIORITY = 10

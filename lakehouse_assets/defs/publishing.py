@@ -11,7 +11,7 @@ that was not checked.
 import dagster as dg
 
 from lakehouse_assets.commit.publishing import discard_audited, publish_table
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import checks_not_passed
 from lakehouse_assets.defs.checks import checked_target

@@ -11,7 +11,7 @@ from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.engine.spark_host import call_on_host
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.run_liveness import LIVENESS_TAG, hold_run_lock, liveness_label
+from lakehouse_assets.runtime.run_liveness import LIVENESS_TAG, hold_run_lock, liveness_label
 
 
 class LakehouseResource(dg.ConfigurableResource):
@@ -30,7 +30,7 @@ class LakehouseResource(dg.ConfigurableResource):
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         """Take the run's liveness lock for this process and name it in the run's tags, so run
-        monitoring can tell when the process running it is gone (``lakehouse_assets.run_launcher``)."""
+        monitoring can tell when the process running it is gone (``lakehouse_assets.runtime.run_launcher``)."""
         if context.run_id is None or context.instance is None:
             return
         lock_file = hold_run_lock(LakehousePaths.from_env(), context.run_id)

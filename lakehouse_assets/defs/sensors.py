@@ -10,17 +10,17 @@ from lakehouse_assets.batches.ledger import MintedBatch
 from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.commit.committer import plan_commit, seconds_until_commit_due
 from lakehouse_assets.commit.recovery import committed_state
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.assets import StagedBatchConfig
 from lakehouse_assets.defs.check_status import failed_checks
 from lakehouse_assets.defs.commit_groups import CommitGroup
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.engine.spark_host import start_in_background
-from lakehouse_assets.fan_in import tables_with_pending_routes
+from lakehouse_assets.ingest.fan_in import tables_with_pending_routes
 from lakehouse_assets.ingest.micro_batching import NO_PENDING_EVENTS, mint_next_batch
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.run_states import FAILED, UNFINISHED
+from lakehouse_assets.runtime.run_states import FAILED, UNFINISHED
 
 MAX_BATCHES_PER_TICK = 16
 MAX_TAG_CHARS = 1000

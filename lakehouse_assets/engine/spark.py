@@ -16,11 +16,11 @@ from pyspark.sql import SparkSession
 
 from lakehouse_assets.catalog.catalogs import HADOOP, spark_catalog_properties
 from lakehouse_assets.catalog.table_metadata import CATALOG_NAME, is_hadoop_catalog
-from lakehouse_assets.config import LakehouseConfig
-from lakehouse_assets.engine.connectors import SPARK_KAFKA, connector_jars
-from lakehouse_assets.engine.java_runtime import ensure_java_home
-from lakehouse_assets.engine.jvm import jvm as spark_jvm
-from lakehouse_assets.engine.jvm import resolve_names_once
+from lakehouse_assets.config.spec import LakehouseConfig
+from lakehouse_assets.jvm.connectors import SPARK_KAFKA, connector_jars
+from lakehouse_assets.jvm.java_runtime import ensure_java_home
+from lakehouse_assets.jvm.spark_jvm import jvm as spark_jvm
+from lakehouse_assets.jvm.spark_jvm import resolve_names_once
 from lakehouse_assets.lakehouse import Lakehouse
 
 ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"

@@ -20,8 +20,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from lakehouse_assets.batches.landing import landing_dir
-from lakehouse_assets.config import HttpServerSpec, StreamSpec
-from lakehouse_assets.env_references import resolve_env_references
+from lakehouse_assets.config.env_references import resolve_env_references
+from lakehouse_assets.config.spec import HttpServerSpec, StreamSpec
 from lakehouse_assets.http_source.backlog import uncommitted_landing_bytes
 from lakehouse_assets.http_source.group_commit import GroupCommit
 from lakehouse_assets.http_source.idempotency import Acknowledgement, IdempotencyJournal

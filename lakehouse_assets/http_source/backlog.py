@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lakehouse_assets.batches.landing import landing_dir, list_landing_files
 from lakehouse_assets.batches.ledger import StreamLedger
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.paths import LakehousePaths
 
 

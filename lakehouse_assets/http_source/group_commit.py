@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import fsync_directory, new_landing_name, temporary_name, write_landing_file
-from lakehouse_assets.config import MAX_LANDING_FILE_BYTES
+from lakehouse_assets.config.spec import MAX_LANDING_FILE_BYTES
 from lakehouse_assets.http_source.idempotency import Acknowledgement, IdempotencyJournal
 
 

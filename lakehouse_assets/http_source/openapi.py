@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lakehouse_assets.config import HttpServerSpec
+from lakehouse_assets.config.spec import HttpServerSpec
 
 _ERROR = {
     "description": "refused; nothing of the request was landed",

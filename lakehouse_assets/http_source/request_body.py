@@ -10,7 +10,7 @@ import zlib
 from starlette.requests import ClientDisconnect, Request
 
 from lakehouse_assets.batches.landing import validated_lines
-from lakehouse_assets.config import MAX_LANDING_FILE_BYTES, HttpServerSpec
+from lakehouse_assets.config.spec import MAX_LANDING_FILE_BYTES, HttpServerSpec
 from lakehouse_assets.errors import IngestError
 from lakehouse_assets.http_source.refusals import Refused
 

@@ -8,10 +8,10 @@ import signal
 
 import uvicorn
 
-from lakehouse_assets.commit.locks import lock_if_free
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.http_source.app import HttpSource, build_app
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.locks import lock_if_free
 
 GRACEFUL_SHUTDOWN_SECONDS = 30
 MAX_CONNECTIONS = 2000

@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from lakehouse_assets.batches.staged_format import DELETE, OPERATION_BY_NAME, UPSERT
-from lakehouse_assets.config import OPERATION_POINTER, StreamSpec
+from lakehouse_assets.config.spec import OPERATION_POINTER, StreamSpec
 
 SOURCE_POSITION_FIELDS = ("lsn", "file", "pos", "row")
 

@@ -55,7 +55,7 @@ from lakehouse_assets.batches.staged_format import (
     REASON_COLUMN,
     SOURCE_FILE_COLUMN,
 )
-from lakehouse_assets.config import SOURCE_POSITION_COLUMN, StreamSpec
+from lakehouse_assets.config.spec import SOURCE_POSITION_COLUMN, StreamSpec
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.change_events import EventShape, event_shape
 from lakehouse_assets.ingest.landing_reader import BATCH_COLUMN, BYTE_ORDER_MARK

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from lakehouse_assets.catalog.iceberg_types import FIELD_NAME
-from lakehouse_assets.config import ColumnSpec, StreamSpec
+from lakehouse_assets.config.spec import ColumnSpec, StreamSpec
 from lakehouse_assets.errors import LakehouseError
 
 SAMPLE_EVENTS = 1000

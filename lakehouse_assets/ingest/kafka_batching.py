@@ -24,12 +24,12 @@ from typing import Any
 from pyiceberg.table import Table
 
 from lakehouse_assets.batches.ledger import MintedBatch
-from lakehouse_assets.commit.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.commit.recovery import table_history
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.pending_landing import pending_files
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.source.kafka_log import KafkaLog, PartitionLog, split_partition_name
 
 LAG_SINCE_FILE = "kafka-lag-since"

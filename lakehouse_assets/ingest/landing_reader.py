@@ -14,8 +14,8 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from lakehouse_assets.batches.staged_format import EVENT_COLUMN, LINE_COLUMN, SOURCE_FILE_COLUMN
-from lakehouse_assets.engine.jvm import copied_session
 from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.jvm.spark_jvm import copied_session
 
 _SPLIT = "_lakehouse_split"
 _ROW_ID = "_lakehouse_row_id"

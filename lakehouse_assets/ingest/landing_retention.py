@@ -17,7 +17,7 @@ from pyiceberg.table import Table
 from lakehouse_assets.batches.landing import landing_dir
 from lakehouse_assets.batches.ledger import StreamLedger
 from lakehouse_assets.commit.recovery import table_history
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.paths import LakehousePaths
 
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 from lakehouse_assets.batches.landing import LandingFile, landing_dir, list_landing_files
 from lakehouse_assets.batches.ledger import MintedBatch, StreamLedger
-from lakehouse_assets.commit.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH, committed_state
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.ingest.kafka_batching import mint_next_kafka_batch
 from lakehouse_assets.ingest.pending_landing import pending_files
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.locks import exclusive_lock, stream_lock_file
 
 NO_PENDING_EVENTS = "no pending events"
 

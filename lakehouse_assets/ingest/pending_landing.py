@@ -7,7 +7,7 @@ from pyiceberg.table import Table
 from lakehouse_assets.batches.landing import LandingFile, landing_dir, list_landing_files
 from lakehouse_assets.batches.ledger import StreamLedger
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH, committed_landing_files
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.paths import LakehousePaths
 
 

@@ -27,7 +27,7 @@ from pyspark.sql import types as T
 
 from lakehouse_assets import faults
 from lakehouse_assets.batches.ledger import EVENTS_DIR, BatchRecord
-from lakehouse_assets.config import ColumnSpec, StreamSpec
+from lakehouse_assets.config.spec import ColumnSpec, StreamSpec
 from lakehouse_assets.errors import describe_error
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.conversion import convert_events

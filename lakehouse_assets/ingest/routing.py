@@ -31,16 +31,16 @@ from lakehouse_assets.batches.landing import landing_dir
 from lakehouse_assets.batches.ledger import EVENTS_DIR, BatchRecord, CommittedBatch, StagedBatch, StreamLedger
 from lakehouse_assets.batches.staged_format import EVENT_COLUMN, LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.commit.dead_letters import DEAD_LETTER_SUFFIX, commit_dead_letters, sidecar_path
-from lakehouse_assets.commit.locks import exclusive_lock, stream_lock_file, table_lock_file
 from lakehouse_assets.commit.recovery import branch_head_id, next_epoch
 from lakehouse_assets.commit.summary_keys import CommitStamp
-from lakehouse_assets.config import ROUTER_DEAD_LETTER_NAMESPACE, TEMPLATE_POINTER, StreamSpec
+from lakehouse_assets.config.routed_streams import ROUTED_TABLE
+from lakehouse_assets.config.spec import ROUTER_DEAD_LETTER_NAMESPACE, TEMPLATE_POINTER, StreamSpec
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.landing_reader import read_landing_lines, valid_text
 from lakehouse_assets.ingest.staging import input_links, landing_files, minted_record
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.locks import exclusive_lock, stream_lock_file, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.routed_streams import ROUTED_TABLE
 
 ROUTE_COLUMN = "_lakehouse_route"
 ROUTES_DIR = "routes"

@@ -25,7 +25,7 @@ from lakehouse_assets.catalog.iceberg_types import (
     parse_type,
     spark_ddl,
 )
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.ingest.change_events import event_shape
 from lakehouse_assets.ingest.inference import infer_type
 from lakehouse_assets.source.iceberg_source import METADATA_FIELDS

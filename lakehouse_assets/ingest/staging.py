@@ -34,9 +34,8 @@ from lakehouse_assets.batches.ledger import EVENTS_DIR, BatchRecord, StagedBatch
 from lakehouse_assets.batches.staged_format import DELETE, EVENT_COLUMN, OPERATION_COLUMN, REASON_COLUMN
 from lakehouse_assets.catalog.staged_snapshots import allow_staged_snapshots, staged_snapshot_id, write_staged
 from lakehouse_assets.catalog.table_metadata import is_hadoop_catalog, qualified_name
-from lakehouse_assets.catalog.tables import ensure_table, identifier_columns
-from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
-from lakehouse_assets.config import ColumnSpec, StreamSpec
+from lakehouse_assets.commit.tables import ensure_table, identifier_columns
+from lakehouse_assets.config.spec import ColumnSpec, StreamSpec
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.conversion import convert_events, convert_parsed_events, row_fields, with_iceberg_types
@@ -48,6 +47,7 @@ from lakehouse_assets.ingest.quarantine import SPARK_ERRORS, isolate_failing_lin
 from lakehouse_assets.ingest.schema_evolution import new_columns, with_new_columns
 from lakehouse_assets.ingest.staged_events import staged_events
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.source.iceberg_source import source_columns
 from lakehouse_assets.source.kafka_log import KafkaLog, lost_offsets, records_lost_error

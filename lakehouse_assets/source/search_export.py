@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakehouse_assets.batches.landing import LANDING_SUFFIX, landing_dir, list_landing_files, source_snapshot_of
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.source.iceberg_source import METADATA_FIELDS
 

@@ -50,7 +50,7 @@ def attach_to_running_jvm() -> None:
 def _require_local_master() -> None:
     """Refuse a configuration whose Spark master is not the worker's: its settings would be
     silently ignored (a JVM's static settings are fixed when it starts)."""
-    from lakehouse_assets.config_loader import load_config
+    from lakehouse_assets.config.loader import load_config
     from lakehouse_assets.engine.spark import static_spark_conf
     from lakehouse_assets.errors import LakehouseError
 
@@ -66,7 +66,7 @@ def _require_local_master() -> None:
 def main() -> None:
     attach_to_running_jvm()
     _require_local_master()
-    from lakehouse_assets import cli
+    from lakehouse_assets.cli import main as cli
 
     cli.entry_point()
 

@@ -27,8 +27,8 @@ _SERVER = multiprocessing.get_context("forkserver")
 _SERVER.set_forkserver_preload(
     [
         "lakehouse_assets_tests.fault_injection.attached_cli",
-        "lakehouse_assets.cli",
-        "lakehouse_assets.commands",
+        "lakehouse_assets.cli.main",
+        "lakehouse_assets.cli.commands",
         "lakehouse_assets.definitions",
         "lakehouse_assets.runner",
         "pyspark.sql",

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse_assets import cli, faults
+from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events
-from lakehouse_assets.config_loader import CONFIG_ENV, load_config
+from lakehouse_assets.cli import main as cli
+from lakehouse_assets.config.loader import CONFIG_ENV, load_config
 from lakehouse_assets.engine.spark import jvm_session
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import HOME_ENV, STORAGE_ROOT_ENV
@@ -142,7 +143,7 @@ def lakehouse_process_command(
     """The command line and environment of a ``lakehouse <arguments>`` process that starts a JVM of
     its own, as a user runs it: a cold process (each family of fault points keeps one), or one
     whose settings need a JVM of its own (a Spark master)."""
-    return [sys.executable, "-m", "lakehouse_assets.cli", *arguments], process_env(extra_env)
+    return [sys.executable, "-m", "lakehouse_assets.cli.main", *arguments], process_env(extra_env)
 
 
 def attached_process_env(extra_env: dict[str, str] | None) -> dict[str, str]:

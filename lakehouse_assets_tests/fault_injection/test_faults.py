@@ -98,7 +98,7 @@ def test_two_pipelines_at_once_commit_each_batch_once(lake, tmp_path):
 STALE_COMMITTER = """
 from lakehouse_assets_tests.fault_injection.attached_cli import attach_to_running_jvm
 attach_to_running_jvm()
-from lakehouse_assets.table_commits import commit_table
+from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.engine.spark import lakehouse_session
 lake = Lakehouse.from_env()

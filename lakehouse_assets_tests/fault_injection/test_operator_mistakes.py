@@ -21,15 +21,15 @@ from lakehouse_assets.batches.ledger import BATCH_FILE, MintedBatch, StreamLedge
 from lakehouse_assets.catalog.conditional_commits import set_property_if_unchanged
 from lakehouse_assets.catalog.table_metadata import VERSION_HINT
 from lakehouse_assets.commit.dead_letters import replayed_keys, sidecar_path
-from lakehouse_assets.commit.locks import replay_lock_file
 from lakehouse_assets.commit.recovery import CHECKPOINT_PROPERTY, Checkpoint, committed_landing_files, read_checkpoint
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.defs.sensors import unstaged_batch_request, writer_retry_backoff
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.errors import BatchConflictError
+from lakehouse_assets.locks import replay_lock_file
 from lakehouse_assets.runner import IN_PROCESS_SPARK, run_job, run_until_idle
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import land_round, run_pipeline, start_lakehouse_process

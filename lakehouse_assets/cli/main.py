@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return sql_session(Lakehouse.from_env(), args.query, args.output, args.snapshot, args.at)
         # Imported only now: Dagster's import is part of what the JVM's start overlaps.
-        from lakehouse_assets import commands
+        from lakehouse_assets.cli import commands
 
         return getattr(commands, args.handler)(args)
     except LakehouseError as error:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from lakehouse_assets.config import LakehouseConfig, parse_config
+from lakehouse_assets.config.routed_streams import with_routes
+from lakehouse_assets.config.spec import LakehouseConfig, parse_config
 from lakehouse_assets.errors import ConfigError
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.routed_streams import with_routes
 
 CONFIG_ENV = "LAKEHOUSE_CONFIG"
 DEFAULT_CONFIG_FILE = "lakehouse.yaml"

@@ -8,12 +8,12 @@ import random
 from datetime import datetime, timedelta, timezone
 
 from lakehouse_assets.batches.landing import land_events
+from lakehouse_assets.cli.status import lakehouse_status
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.engine.spark import start_jvm_in_background
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.sql import connect, run_query, view_names, write_result
-from lakehouse_assets.ops.status import lakehouse_status
 from lakehouse_assets.quality.duck import iceberg_connection, scan, single_count
 from lakehouse_assets.runner import dagster_instance, run_until_idle
 

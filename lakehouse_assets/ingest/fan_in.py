@@ -20,15 +20,15 @@ from pyspark.sql import SparkSession
 from lakehouse_assets.batches.landing import list_landing_files
 from lakehouse_assets.batches.ledger import StreamLedger
 from lakehouse_assets.commit.committer import CommitOutcome
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.routed_streams import routed_stream_name
+from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.errors import describe_error
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.routed_staging import PendingBatch, stage_routed_batches
 from lakehouse_assets.ingest.routing import route_dir
+from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
-from lakehouse_assets.routed_streams import routed_stream_name
-from lakehouse_assets.table_commits import commit_table
 
 CONCURRENT_COMMITS = 2
 """Tables committed at once; each commit still holds its own table's lock."""

@@ -5,7 +5,7 @@ Kubernetes, ECS and Docker launchers ask their platform); the default launcher, 
 dev`` and a single-server daemon use, cannot, so a run whose process was killed (an OOM kill, a
 crash, the whole ``dagster dev`` killed) stayed STARTED for ever and held its batch and its
 table's commit slot. This launcher launches exactly as the default one and answers the health
-check from the run's liveness lock (``lakehouse_assets.run_liveness``): the daemon then marks the
+check from the run's liveness lock (``lakehouse_assets.runtime.run_liveness``): the daemon then marks the
 run failed, frees its pool slots, and Dagster's run retries or the landing sensor run the batch
 again.
 
@@ -22,8 +22,7 @@ import dagster as dg
 # Dagster exports the launcher but not its health-check types: a subclass has to name them.
 from dagster._core.launcher import CheckRunHealthResult, WorkerStatus
 
-from lakehouse_assets.defs.names import RUN_KIND_TAG
-from lakehouse_assets.run_liveness import LIVENESS_TAG, RunProcess, run_process
+from lakehouse_assets.runtime.run_liveness import LIVENESS_TAG, RUN_KIND_TAG, RunProcess, run_process
 
 LOCK_GRACE_SECONDS = 60.0
 """How long a started run of the pipeline may go without taking its liveness lock (its process

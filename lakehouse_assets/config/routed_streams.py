@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lakehouse_assets.config import LakehouseConfig, LandingSourceSpec, SourceSpec, StreamSpec
+from lakehouse_assets.config.spec import LakehouseConfig, LandingSourceSpec, SourceSpec, StreamSpec
 
 # The one grammar of a table name a router resolves (lower-cased first, as Hive and Glue catalogs
 # do): two to four parts of letters, digits and ``_``, each at most 128 characters; nothing else,

@@ -12,11 +12,11 @@ from pyspark.sql import SparkSession
 from lakehouse_assets.catalog.iceberg_types import iceberg_schema_json, spark_ddl
 from lakehouse_assets.catalog.staged_snapshots import WAP_ENABLED_PROPERTY
 from lakehouse_assets.catalog.table_metadata import CATALOG_NAME, qualified_name
-from lakehouse_assets.commit.locks import exclusive_lock, table_lock_file
-from lakehouse_assets.config import SOURCE_POSITION_COLUMN, SOURCE_POSITION_TYPE, ColumnSpec, StreamSpec
-from lakehouse_assets.engine.jvm import jvm as spark_jvm
+from lakehouse_assets.config.spec import SOURCE_POSITION_COLUMN, SOURCE_POSITION_TYPE, ColumnSpec, StreamSpec
 from lakehouse_assets.errors import ConfigError, TableNotFoundError
+from lakehouse_assets.jvm.spark_jvm import jvm as spark_jvm
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.locks import exclusive_lock, table_lock_file
 
 # Iceberg retries a failed commit by re-applying it on the new base, which could publish a batch
 # that a competing committer already published. Our committer retries itself after re-reading the

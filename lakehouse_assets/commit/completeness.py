@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from lakehouse_assets.batches.staged_format import DELETE, OPERATION_COLUMN
 from lakehouse_assets.commit.recovery import CommitHistory
-from lakehouse_assets.config import StreamSpec
+from lakehouse_assets.config.spec import StreamSpec
 
 MAX_DAYS_PER_COMMIT = 366
 """At most this many days are reported complete at once (a watermark may jump years)."""

@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from lakehouse_assets.commit.recovery import table_history
-from lakehouse_assets.config_loader import CONFIG_ENV
+from lakehouse_assets.config.loader import CONFIG_ENV
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.kafka_broker import local_broker

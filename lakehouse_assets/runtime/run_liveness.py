@@ -9,7 +9,7 @@ records where its lock is in a run tag (host and path), which is also how a read
 took one.
 
 Dagster's run monitoring asks the run launcher whether a run's worker is healthy, and Dagster's
-default launcher cannot tell (``lakehouse_assets.run_launcher`` answers from this lock); ``lakehouse
+default launcher cannot tell (``lakehouse_assets.runtime.run_launcher`` answers from this lock); ``lakehouse
 run`` asks before it executes anything. Neither imports Spark.
 """
 
@@ -24,6 +24,9 @@ from pathlib import Path
 
 from lakehouse_assets.paths import LakehousePaths
 
+RUN_KIND_TAG = "lakehouse/run-kind"
+"""What a run does: ``writer``, ``committer``, ``maintenance``, ``freshness``, ``source`` or ``check``;
+``dagster.yaml`` limits runs by it, and the run launcher judges the pipeline's runs by it."""
 LIVENESS_TAG = "lakehouse/liveness-lock"
 """``<host>:<lock path>``: where the run's liveness lock is; set by the run once it holds it."""
 RUNS_DIR = "runs"

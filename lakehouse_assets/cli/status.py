@@ -10,7 +10,7 @@ from pyiceberg.table import Table
 
 from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.commit.recovery import committed_state
-from lakehouse_assets.config import LakehouseConfig, StreamSpec
+from lakehouse_assets.config.spec import LakehouseConfig, StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import blocking_check_names
 from lakehouse_assets.ingest.kafka_batching import kafka_progress

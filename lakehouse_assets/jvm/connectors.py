@@ -41,7 +41,7 @@ def jars_root() -> Path:
 
 
 def _pom(name: str) -> Path:
-    return Path(str(resources.files("lakehouse_assets.engine") / "maven" / f"{name}.pom.xml"))
+    return Path(str(resources.files("lakehouse_assets.jvm") / "maven" / f"{name}.pom.xml"))
 
 
 def fetch_jars(name: str) -> Path:

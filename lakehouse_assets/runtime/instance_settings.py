@@ -3,7 +3,8 @@
 Dagster reads its instance settings only from ``$DAGSTER_HOME/dagster.yaml`` and silently falls back
 to defaults without it: no run queue, no commit pools, no run retries, no run monitoring. So every
 entry point puts the project's settings (shipped in the package) there when it has none, and says so
-when the file there lacks them. ``python -m lakehouse_assets.instance_settings`` does it for ``make ui``.
+when the file there lacks them (and names the run launcher's module where it is now).
+``python -m lakehouse_assets.runtime.instance_settings`` does it for ``make ui``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from lakehouse_assets.paths import LakehousePaths
 
 DAGSTER_HOME_ENV = "DAGSTER_HOME"
 SETTINGS_FILE = "dagster.yaml"
-LAUNCHER_MARKER = "lakehouse_assets.run_launcher"
+LAUNCHER_MARKER = "lakehouse_assets.runtime.run_launcher"
 """Text every copy of the project's settings holds: its run launcher."""
+MOVED_LAUNCHER = "module: lakehouse_assets.run_launcher\n"
+"""The run launcher's module before it moved into ``runtime``, in settings copied before then."""
 
 
 def project_settings() -> Path:
@@ -40,7 +43,11 @@ def ensure_instance_settings(home: Path) -> str | None:
     if not target.exists():
         shutil.copy(project_settings(), target)
         return f"wrote the project's Dagster instance settings to {target}"
-    if LAUNCHER_MARKER not in target.read_text(errors="replace"):
+    settings = target.read_text(errors="replace")
+    if MOVED_LAUNCHER in settings:  # Dagster could not load the launcher from its old module
+        target.write_text(settings.replace(MOVED_LAUNCHER, f"module: {LAUNCHER_MARKER}\n"))
+        return f"updated {target}: the run launcher's module is now {LAUNCHER_MARKER}"
+    if LAUNCHER_MARKER not in settings:
         return (
             f"warning: {target} lacks the project's instance settings (run launcher and monitoring, commit "
             f"pools, run queue); replace it with {project_settings()}, or merge that file into it"

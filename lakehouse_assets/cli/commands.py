@@ -9,19 +9,19 @@ import sys
 import dagster as dg
 
 from lakehouse_assets.batches.landing import land_events
-from lakehouse_assets.catalog.tables import require_static_tables
-from lakehouse_assets.config import LakehouseConfig
-from lakehouse_assets.config_loader import load_config
+from lakehouse_assets.cli.demo import run_demo
+from lakehouse_assets.cli.kafka_demo import run_kafka_demo
+from lakehouse_assets.cli.status import lakehouse_status
+from lakehouse_assets.commit.tables import require_static_tables
+from lakehouse_assets.config.loader import load_config
+from lakehouse_assets.config.spec import LakehouseConfig
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import blocking_check_names
 from lakehouse_assets.defs.commit_groups import CommitGroup, commit_groups, groups_by_table
-from lakehouse_assets.demo import run_demo
 from lakehouse_assets.errors import ConfigError, IngestError
-from lakehouse_assets.kafka_demo import run_kafka_demo
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.replay import replay_dead_letters
-from lakehouse_assets.ops.status import lakehouse_status
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.quality.checks import current_snapshot
 from lakehouse_assets.runner import dagster_instance, run_job, run_pipeline_until_idle
