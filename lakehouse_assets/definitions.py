@@ -66,7 +66,7 @@ def build_definitions(config: LakehouseConfig) -> dg.Definitions:
         jobs=jobs,
         sensors=sensors,
         schedules=maintenance_schedules(config, groups) + freshness_schedules(groups),
-        resources={"lakehouse": LakehouseResource(), "spark": SparkResource()},
+        resources={"lakehouse": LakehouseResource(), "spark": SparkResource.of(config)},
         # Each run is one process with one Spark JVM: its steps (stage, commit, the checks, publish)
         # share it instead of starting a process, and a JVM, per step.
         executor=dg.in_process_executor,

@@ -77,7 +77,13 @@ from lakehouse_assets.commit.table_writes import (
 )
 from lakehouse_assets.commit.tables import identifier_columns
 from lakehouse_assets.config.spec import StreamSpec
-from lakehouse_assets.errors import CommitOutcomeUnknownError, ConfigError, FencedError, SequenceGapError
+from lakehouse_assets.errors import (
+    CommitOutcomeUnknownError,
+    ConfigError,
+    FencedError,
+    SequenceGapError,
+    TableNotFoundError,
+)
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.jvm.spark_jvm import copied_session, is_commit_conflict
 from lakehouse_assets.lakehouse import Lakehouse
@@ -195,7 +201,11 @@ class CommitTarget:
 @dataclass
 class CommitterPass:
     """One committer pass over one table: its engine, epoch, target, and the head of the target's
-    branch it expects (its fence), which only its own commits move."""
+    branch it expects (its fence), which only its own commits move.
+
+    It reads the table once and again only where it must: after it wrote to the table itself
+    (``reread``) and at the fence, which must see what others committed. On a REST catalog or an
+    object store every read is a round trip and a metadata file."""
 
     spark: SparkSession
     lake: Lakehouse
@@ -205,6 +215,8 @@ class CommitterPass:
     target: CommitTarget
     expected_snapshot_id: int | None
     stage_again: StageAgain
+    read: Table | None = field(default=None, repr=False)
+    """The table as this pass last read it."""
 
     @classmethod
     def begin(
@@ -228,6 +240,7 @@ class CommitterPass:
             target=target,
             expected_snapshot_id=branch_head_id(table, target.branch),
             stage_again=stage_again,
+            read=table,
         )
 
     def on_pass_branch(self, name: str) -> CommitterPass:
@@ -236,7 +249,7 @@ class CommitterPass:
         return replace(
             self,
             target=self.target.on_pass_branch(name),
-            expected_snapshot_id=branch_head_id(self.table(), name),
+            expected_snapshot_id=branch_head_id(self.reread(), name),
         )
 
     @property
@@ -254,11 +267,17 @@ class CommitterPass:
         return summary_keys.CommitStamp(self.epoch, self.run_id)
 
     def table(self) -> Table | None:
-        return self.lake.table(self.table_identifier)
+        """The table as this pass last read it (None: it does not exist)."""
+        return self.read
+
+    def reread(self) -> Table | None:
+        """The table as committed now: after this pass wrote to it, or to see others' commits."""
+        self.read = self.lake.table(self.table_identifier)
+        return self.read
 
     def check_fence(self) -> None:
         """Raise FencedError when the branch moved from the expected base or a newer committer wrote."""
-        table = self.table()
+        table = self.reread()
         head = branch_head(table, self.branch)
         current = head.snapshot_id if head else None
         if current != self.expected_snapshot_id:
@@ -283,6 +302,14 @@ class CommitOutcome:
     fenced: str | None = None
     awaiting_publish: AuditState | None = None
     """Under ``publish: audit``: the audit branch holds commits main does not, so nothing new was committed."""
+
+
+def _existing(committer: CommitterPass) -> Table:
+    """The table as the pass last read it, which exists once the pass writes to it."""
+    table = committer.table()
+    if table is None:
+        raise TableNotFoundError(f"table {committer.table_identifier} does not exist")
+    return table
 
 
 def _has_staged_data(committer: CommitterPass, record: BatchRecord) -> bool:
@@ -337,7 +364,7 @@ def _write_until_landed(
             error = None
         except Exception as raised:  # noqa: BLE001 - py4j errors of any kind; the ancestry decides below
             error = raised
-        confirmed = committer.table()
+        confirmed = committer.reread()
         if (
             confirmed is not None
             and committed_state(confirmed, stream.name, committer.branch).sequence >= last_sequence
@@ -361,6 +388,7 @@ def _evolve_schema(committer: CommitterPass, stream: StreamSpec, batches: list[B
         for name, kind in proposed_fields(record.staged_batch.new_columns).items():
             proposed.setdefault(name, kind)
     if proposed and add_missing_columns(committer.spark, stream.table_identifier, proposed):
+        committer.reread()
         crash_point(faults.COMMITTER_AFTER_SCHEMA_CHANGE)
 
 
@@ -414,12 +442,12 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
     # Each batch is aligned to the table on its own: batches staged with different new columns, or
     # with different types for one (the first committed type wins), cannot be read as one.
     staged = _staged_rows(spark, batches, table_schema)
-    if keys and uses_row_deltas(committer.lake.require_table(identifier)):
+    if keys and uses_row_deltas(_existing(committer)):
         # On a copy of the session: the staged write's setting must reach no other table's commit.
         own = copied_session(spark)
         changes = _staged_rows(own, batches, table_schema)
         with ChangeBatchDelta(own, committer.lake, identifier, changes, keys, columns, stream.order_column) as delta:
-            counts = delta.plan(committer.lake.require_table(identifier), committer.expected_snapshot_id)
+            counts = delta.plan(_existing(committer), committer.expected_snapshot_id)
             properties = _change_summary(committer, stream, batches, counts)
             late_events = _record_completeness(committer, stream, staged, properties)
             write = partial(delta.commit, committer.branch, properties)
@@ -500,7 +528,7 @@ def _publish(
     ancestry shows it, record the bookkeeping, and describe the commit."""
     identifier = stream.table_identifier
     rows = counts.inserted + counts.updated
-    schema_change = columns_added_since_last_snapshot(committer.lake.require_table(identifier), committer.branch)
+    schema_change = columns_added_since_last_snapshot(_existing(committer), committer.branch)
     if schema_change:
         properties[summary_keys.SCHEMA_CHANGE] = json.dumps(schema_change)
         properties[summary_keys.SCHEMA_CHANGE_BATCHES] = json.dumps(_triggering_batches(schema_change, batches))
@@ -611,7 +639,7 @@ def _prepare_audit_branch(committer: CommitterPass) -> AuditState | None:
         return None
     if sync_audit_branch(committer.spark, table, committer.table_identifier):
         # This pass moved the branch itself, holding the lock: its new head is the expected base.
-        table = committer.table()
+        table = committer.reread()
         committer.expect(branch_head_id(table, committer.branch))
     return audit_state(table)
 
@@ -634,7 +662,7 @@ def commit_pass(
     results: list[CommitResult] = []
     with exclusive_lock(table_lock_file(lake.paths.locks, table_identifier)):
         # Under the lock: the checks of another run read staged Parquet holding the same lock.
-        main = committer.table()
+        main = committer.reread()
         for stream in streams:
             published = committed_state(main, stream.name).sequence
             _remove_published_attempts(lake.ledger(stream.name), published)

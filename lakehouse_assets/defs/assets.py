@@ -9,9 +9,10 @@ import dagster as dg
 from lakehouse_assets.batches.landing import http_events_in
 from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
-from lakehouse_assets.defs.commit_reports import report_commit_pass
+from lakehouse_assets.defs.checks import table_check_registry
+from lakehouse_assets.defs.commit_reports import CommitFailures, report_commit
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
-from lakehouse_assets.ingest.fan_in import commit_new_routes
+from lakehouse_assets.ingest.fan_in import NewRoutes, commit_new_routes
 from lakehouse_assets.ingest.kafka_batching import kafka_progress
 from lakehouse_assets.ingest.routing import route_batches
 from lakehouse_assets.ingest.staging import minted_record, stage_batch
@@ -139,16 +140,7 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
             )
             # The configuration read again: routing gave each new table its derived stream.
             committed = spark.run(lakehouse.lake(), commit_new_routes, router, new_tables, context.run.run_id)
-            # Reported as every committer pass is (``report_commit_pass``), as events: this run's
-            # asset is the router's staging asset, not the tables'.
-            for table, outcome in committed.outcomes.items():
-                result = report_commit_pass(context, lakehouse, table, lakehouse.lake().config.tables[table], outcome)
-                if result is not None:
-                    context.log_event(dg.AssetMaterialization(names.table_key(table), metadata=result.metadata))
-            if committed.failed:
-                for table, error in committed.failed.items():
-                    context.log.error(f"{table}: {error}")
-                raise dg.Failure(f"new routed tables failed: {', '.join(sorted(committed.failed))}")
+            _report_new_routes(context, lakehouse, committed)
         return dg.MaterializeResult(
             metadata={
                 "sequence": config.sequence,
@@ -161,6 +153,22 @@ def router_asset(stream: StreamSpec, loaded_tables: frozenset[str]) -> dg.Assets
         )
 
     return routed_batches
+
+
+def _report_new_routes(context: dg.AssetExecutionContext, lakehouse: LakehouseResource, committed: NewRoutes) -> None:
+    """Each new routed table's pass reported as every commit is (``report_commit``: its commits,
+    its checks on what it committed), as events: this run's asset is the router's staging asset,
+    not the tables'. Fails the run naming every table that failed."""
+    failures = CommitFailures()
+    for table, error in committed.failed.items():
+        context.log.error(f"{table}: {error}")
+        failures.add(table, error)
+    tables = lakehouse.lake().config.tables
+    for table, outcome in committed.outcomes.items():
+        table_checks = table_check_registry(table, tables[table])
+        for result in report_commit(context, lakehouse, table, tables[table], table_checks, outcome, failures):
+            context.log_event(dg.AssetMaterialization(names.table_key(table), metadata=result.metadata))
+    failures.raise_any()
 
 
 def complete_days_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.AssetSpec:

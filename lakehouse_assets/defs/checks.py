@@ -61,7 +61,14 @@ class TableCheck:
             result = dg.AssetCheckResult(
                 passed=False, description=f"could not check: {error}", metadata={"found": found}
             )
-        return result._replace(asset_key=key, check_name=self.name)
+        return dg.AssetCheckResult(
+            asset_key=key,
+            check_name=self.name,
+            passed=result.passed,
+            metadata=result.metadata,
+            severity=result.severity,
+            description=result.description,
+        )
 
 
 def materialized_target(instance: dg.DagsterInstance, table_identifier: str) -> CheckTarget:

@@ -1,8 +1,10 @@
-"""How a committer pass shows in Dagster, whichever committer ran it (a commit group's, or a
-routing run's for tables new to the loaded definitions): its commits as materializations of the
-table with Dagster's standard table metadata, what each stream waits on in the log, and the days
-it completed."""
+"""How a table's committer pass shows in Dagster, the one way for every run that commits (a commit
+group's committer, single or routed, and a router's run for tables new to the loaded definitions):
+``report_commit``. Its commits become materializations of the table with Dagster's standard table
+metadata, its checks evaluations on the snapshot it committed, what each stream waits on goes to
+the log with the days it completed, and a failure is the table's in ``CommitFailures``."""
 
+from collections.abc import Iterator
 from datetime import date, timedelta
 from typing import Any
 
@@ -10,14 +12,18 @@ import dagster as dg
 from pyiceberg.table import Table
 
 from lakehouse_assets.catalog.table_metadata import CATALOG_NAME
+from lakehouse_assets.commit.branches import AuditState
 from lakehouse_assets.commit.committer import CommitOutcome, CommitResult
 from lakehouse_assets.commit.completeness import complete_days, table_watermark
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH, table_history
 from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
+from lakehouse_assets.defs.check_status import failed_checks
+from lakehouse_assets.defs.checks import CheckTarget, TableCheck
 from lakehouse_assets.defs.resources import LakehouseResource
-from lakehouse_assets.errors import SequenceGapError
+from lakehouse_assets.errors import SequenceGapError, describe_error
+from lakehouse_assets.quality import checks
 from lakehouse_assets.quality.lag import stream_lag_seconds
 from lakehouse_assets.quality.table_stats import table_stats
 
@@ -80,7 +86,67 @@ def _signal_complete_days(
         context.log_event(dg.AssetMaterialization(key, partition=day.isoformat(), metadata=metadata))
 
 
-def log_commit_pass(
+class CommitFailures:
+    """The tables of a step that failed, with why; the step fails at the end naming them all."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+        self.first_error: Exception | None = None
+
+    def add(self, table: str, reason: object, error: Exception | None = None) -> None:
+        self.reasons.append(f"{table}: {reason}")
+        self.first_error = self.first_error or error
+
+    def raise_any(self) -> None:
+        if not self.reasons:
+            return
+        summary = "; ".join(self.reasons)
+        if len(self.reasons) > 1:
+            summary = f"{len(self.reasons)} tables failed: {summary}"
+        raise dg.Failure(summary) from self.first_error
+
+
+def report_commit(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    table: str,
+    streams: list[StreamSpec],
+    table_checks: list[TableCheck],
+    outcome: CommitOutcome | Exception,
+    failures: CommitFailures,
+) -> Iterator[dg.MaterializeResult]:
+    """Report one table's committer pass: yields the materialization of its last commit (or of the
+    audited snapshot it reports again), logs the commits before it, and evaluates the table's
+    checks on what it reports (but those the run has a step for). A failed commit, a sequence gap
+    or a failed blocking check goes to ``failures``. A run whose own asset is not the table
+    (a router's run) logs the yielded result as an ``AssetMaterialization``."""
+    key = names.table_key(table)
+    if isinstance(outcome, SequenceGapError):
+        # A gap must be loud: it fails the run, and the sequence check where the UI shows it.
+        context.log_event(
+            dg.AssetCheckEvaluation(
+                asset_key=key, check_name=names.SEQUENCE_CHECK, passed=False, metadata={"found": str(outcome)}
+            )
+        )
+        failures.add(table, outcome, outcome)
+        return
+    if isinstance(outcome, Exception):
+        context.log.error(f"{table}: commit failed: {describe_error(outcome)}")
+        failures.add(table, outcome, outcome)
+        return
+    _log_commit_pass(context, lakehouse, table, streams, outcome)
+    if outcome.awaiting_publish:
+        reported = _awaiting_publish(context, lakehouse, table, streams, outcome.awaiting_publish)
+    else:
+        reported = _committed(context, lakehouse, table, streams, outcome)
+    if reported is None:
+        return
+    materialization, target = reported
+    yield materialization
+    _evaluate_checks(context, lakehouse, table, table_checks, target, failures)
+
+
+def _log_commit_pass(
     context: dg.AssetExecutionContext,
     lakehouse: LakehouseResource,
     table_identifier: str,
@@ -103,33 +169,19 @@ def log_commit_pass(
     _signal_complete_days(context, table_identifier, [lake.stream(s.name) for s in streams], table)
 
 
-def report_commit_pass(
+def _committed(
     context: dg.AssetExecutionContext,
     lakehouse: LakehouseResource,
     table_identifier: str,
     streams: list[StreamSpec],
     outcome: CommitOutcome,
-) -> dg.MaterializeResult | None:
-    """One committer pass as Dagster shows it, for every committer (a commit group's,
-    a routing run's for new tables): what each stream waits on and the days it completed, in the
-    log; every commit but the last as a materialization of the table; the last one's returned
-    (None when the pass committed nothing)."""
-    log_commit_pass(context, lakehouse, table_identifier, streams, outcome)
+) -> tuple[dg.MaterializeResult, CheckTarget] | None:
+    """Every commit of the pass but the last logged as a materialization of the table; the last
+    one's, with the table's figures after it and each stream's backlog, and what its checks read:
+    the snapshot it committed and the batches the pass published (None: it committed nothing)."""
     if not outcome.results:
+        context.log.info(f"{table_identifier}: nothing committed; the table is unchanged")
         return None
-    metadata = commits_metadata(context, lakehouse, table_identifier, streams, outcome)
-    return dg.MaterializeResult(asset_key=names.table_key(table_identifier), metadata=metadata)
-
-
-def commits_metadata(
-    context: dg.AssetExecutionContext,
-    lakehouse: LakehouseResource,
-    table_identifier: str,
-    streams: list[StreamSpec],
-    outcome: CommitOutcome,
-) -> dict:
-    """Log every commit of the pass but the last as a materialization of the table; the last one's
-    metadata, with the table's figures after it and each stream's backlog."""
     lake = lakehouse.lake()
     table = lake.table(table_identifier)
     after: dict[str, Any] = table_stats(table) | {
@@ -139,20 +191,99 @@ def commits_metadata(
         context.log_event(dg.AssetMaterialization(names.table_key(table_identifier), metadata=commit_metadata(result)))
     if lake.config.audits(table_identifier):
         after["branch"] = AUDIT_BRANCH
-    keys = [column for stream in streams for column in stream.identifier_columns or []]
-    standard = standard_table_metadata(table_identifier, table, keys) if table else {}
-    return (
-        commit_metadata(outcome.results[-1])
+    last = outcome.results[-1]
+    metadata = (
+        commit_metadata(last)
         | after
         | {names.RUN_RANGES_METADATA: dg.JsonMetadataValue(run_ranges(outcome))}
-        | standard
+        | standard_table_metadata(table_identifier, table, streams)
     )
+    target = CheckTarget(checks.CommittedSnapshot(last.metadata_location, last.snapshot_id), run_ranges(outcome))
+    return dg.MaterializeResult(asset_key=names.table_key(table_identifier), metadata=metadata), target
 
 
-def standard_table_metadata(table_identifier: str, table: Table, identifier_columns: list[str]) -> dict:
-    """Dagster's standard table metadata: live rows (records less position deletes; the pipeline
-    writes no equality deletes), the columns with their Iceberg types (identifier columns marked),
-    the table's name in catalog ``lake`` and its location."""
+def _awaiting_publish(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    table_identifier: str,
+    streams: list[StreamSpec],
+    state: AuditState,
+) -> tuple[dg.MaterializeResult, CheckTarget] | None:
+    """The audit branch holds commits main does not. When a check failed on them, publishing stays
+    stopped until the user acts (None); otherwise (a run died before its checks or its publish)
+    the audited snapshot is reported again, with what its checks read, so they run and it is published."""
+    audited = state.audit
+    if audited is None:  # never while commits await publishing
+        return None
+    failed = failed_checks(context.instance, table_identifier, streams, audited)
+    ranges = state.unpublished_ranges()
+    if failed:
+        context.log.warning(
+            f"{table_identifier}: publishing stopped at audited snapshot {audited} (batches {ranges}): "
+            + "; ".join(f"{name} {found}" for name, found in failed.items())
+            + f". Later batches stay staged. Fix, then run job {names.publish_job_name(table_identifier)} "
+            f"(or `lakehouse audit publish --table {table_identifier}`), or discard the audited batches with "
+            f"`lakehouse audit discard --table {table_identifier}`"
+        )
+        return None
+    context.log.info(f"{table_identifier}: audited snapshot {audited} is not published yet; checking it again")
+    table = lakehouse.lake().require_table(table_identifier)
+    location = table.metadata_location
+    metadata = {
+        "snapshot_id": str(audited),
+        "metadata_location": location,
+        "branch": AUDIT_BRANCH,
+        "reported_again": True,
+        names.RUN_RANGES_METADATA: dg.JsonMetadataValue(ranges),
+    } | standard_table_metadata(table_identifier, table, streams)
+    target = CheckTarget(checks.CommittedSnapshot(location, audited), ranges)
+    return dg.MaterializeResult(asset_key=names.table_key(table_identifier), metadata=metadata), target
+
+
+def _evaluate_checks(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    table: str,
+    table_checks: list[TableCheck],
+    target: CheckTarget,
+    failures: CommitFailures,
+) -> None:
+    """Log the table's checks on ``target``, but those the run has a step for (the UI's
+    materialize with checks selects them: that step evaluates them on this materialization). A
+    committing run does not plan them: planning a check is an event per check and table at run
+    creation, which for hundreds of tables cost more than the checks; and the run evaluates only
+    those of the tables it committed, each on the snapshot it committed."""
+    key = names.table_key(table)
+    # Going around Dagster here: it has no public way to ask which checks a run's job plans. Inside
+    # the run, the subset job the UI's materialize runs has them in its asset graph only (its
+    # ``asset_check_selection`` and the run's are None there); test_checks.py fails if that changes.
+    planned = context.job_def.asset_layer.asset_graph.asset_check_keys
+    for check in table_checks:
+        if dg.AssetCheckKey(key, check.name) in planned:
+            continue
+        result = check.result(key, lakehouse, target)
+        context.log_event(
+            dg.AssetCheckEvaluation(
+                asset_key=key,
+                check_name=check.name,
+                passed=result.passed,
+                metadata=result.metadata,
+                severity=result.severity,
+                description=result.description,
+            )
+        )
+        if check.blocking and not result.passed:
+            failures.add(table, f"check {check.name} failed: {result.description}")
+
+
+def standard_table_metadata(table_identifier: str, table: Table | None, streams: list[StreamSpec]) -> dict:
+    """Dagster's standard table metadata of the table as ``table`` has it (none without a table):
+    live rows (records less position deletes; the pipeline writes no equality deletes), the
+    columns with their Iceberg types (the streams' identifier columns marked), the table's name in
+    catalog ``lake`` and its location."""
+    if table is None:
+        return {}
+    identifier_columns = [column for stream in streams for column in stream.identifier_columns or []]
     snapshot = table.current_snapshot()
     summary = snapshot.summary.additional_properties if snapshot and snapshot.summary else {}
     rows = int(summary.get("total-records", "0")) - int(summary.get("total-position-deletes", "0"))
@@ -171,10 +302,3 @@ def standard_table_metadata(table_identifier: str, table: Table, identifier_colu
         names.TABLE_NAME_METADATA: f"{CATALOG_NAME}.{table_identifier}",
         names.URI_METADATA: table.location(),
     }
-
-
-def sequence_gap_evaluation(asset_key: dg.AssetKey, gap: SequenceGapError) -> dg.AssetCheckEvaluation:
-    """The failed ``batch_ranges_contiguous`` a gap in a stream's batches shows on its table."""
-    return dg.AssetCheckEvaluation(
-        asset_key=asset_key, check_name=names.SEQUENCE_CHECK, passed=False, metadata={"found": str(gap)}
-    )

@@ -15,25 +15,16 @@ from functools import partial
 
 import dagster as dg
 
-from lakehouse_assets.commit.branches import AuditState
-from lakehouse_assets.commit.committer import CommitOutcome, seconds_until_commit_due
-from lakehouse_assets.commit.recovery import AUDIT_BRANCH
+from lakehouse_assets.commit.committer import seconds_until_commit_due
 from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
-from lakehouse_assets.defs.check_status import failed_checks
-from lakehouse_assets.defs.checks import CheckTarget, TableCheck, checked_target, table_check_registry
+from lakehouse_assets.defs.checks import TableCheck, checked_target, table_check_registry
 from lakehouse_assets.defs.commit_groups import CommitGroup
-from lakehouse_assets.defs.commit_reports import (
-    log_commit_pass,
-    report_commit_pass,
-    run_ranges,
-    sequence_gap_evaluation,
-)
+from lakehouse_assets.defs.commit_reports import CommitFailures, report_commit
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
-from lakehouse_assets.errors import SequenceGapError, describe_error
+from lakehouse_assets.errors import describe_error
 from lakehouse_assets.ingest.fan_in import commit_concurrently, stage_routed_tables, tables_with_pending_routes
 from lakehouse_assets.ingest.table_commits import commit_table
-from lakehouse_assets.quality import checks
 from lakehouse_assets.runtime.run_liveness import RUN_KIND_TAG
 
 
@@ -41,26 +32,6 @@ class CommitGroupConfig(dg.Config):
     """Which of the group's tables a run works on: by default every table it selects."""
 
     tables: list[str] = []
-
-
-class _Failures:
-    """The tables of a step that failed, with why; the step fails at the end naming them all."""
-
-    def __init__(self) -> None:
-        self.reasons: list[str] = []
-        self.first_error: Exception | None = None
-
-    def add(self, table: str, reason: object, error: Exception | None = None) -> None:
-        self.reasons.append(f"{table}: {reason}")
-        self.first_error = self.first_error or error
-
-    def raise_any(self) -> None:
-        if not self.reasons:
-            return
-        summary = "; ".join(self.reasons)
-        if len(self.reasons) > 1:
-            summary = f"{len(self.reasons)} tables failed: {summary}"
-        raise dg.Failure(summary) from self.first_error
 
 
 def committer_definitions(group: CommitGroup) -> tuple[dg.AssetsDefinition, dg.AssetChecksDefinition]:
@@ -101,7 +72,7 @@ def _committer_asset(
         spark: SparkResource,
     ) -> Iterator[dg.MaterializeResult]:
         selected = [tables_by_key[key] for key in sorted(context.selected_asset_keys)]
-        failures = _Failures()
+        failures = CommitFailures()
         yield from _commit_and_check(
             context, lakehouse, spark, group, registry, _wanted(group, config, selected), failures
         )
@@ -158,7 +129,7 @@ def _commit_and_check(
     group: CommitGroup,
     registry: dict[str, list[TableCheck]],
     selected: list[str],
-    failures: _Failures,
+    failures: CommitFailures,
 ) -> Iterator[dg.MaterializeResult]:
     """Commit the selected tables that have work, each on its own, reporting each as it lands. A
     router's tables are staged here first, from their route files; other tables' batches were
@@ -191,136 +162,10 @@ def _commit_and_check(
     commit = partial(spark.run, lake, commit_table, run_id=context.run.run_id)
     for table, outcome in commit_concurrently(commit, due):
         try:
-            yield from _report_commit(
-                context, lakehouse, table, group.tables[table], registry[table], outcome, failures
-            )
+            yield from report_commit(context, lakehouse, table, group.tables[table], registry[table], outcome, failures)
         except Exception as error:  # noqa: BLE001 - one table's report must not lose the others'
             context.log.error(f"{table}: reporting its commit failed: {describe_error(error)}")
             failures.add(table, error, error)
-
-
-def _report_commit(
-    context: dg.AssetExecutionContext,
-    lakehouse: LakehouseResource,
-    table: str,
-    streams: list[StreamSpec],
-    table_checks: list[TableCheck],
-    outcome: CommitOutcome | Exception,
-    failures: _Failures,
-) -> Iterator[dg.MaterializeResult]:
-    """Report one table's committer pass: its commits as materializations and its checks on the
-    snapshot it committed (or on the audited snapshot it reports again)."""
-    key = names.table_key(table)
-    if isinstance(outcome, SequenceGapError):
-        # A gap must be loud: it fails the run, and the sequence check where the UI shows it.
-        context.log_event(sequence_gap_evaluation(key, outcome))
-        failures.add(table, outcome, outcome)
-        return
-    if isinstance(outcome, Exception):
-        context.log.error(f"{table}: commit failed: {describe_error(outcome)}")
-        failures.add(table, outcome, outcome)
-        return
-    if outcome.awaiting_publish:
-        log_commit_pass(context, lakehouse, table, streams, outcome)
-        reported = _awaiting_publish(context, lakehouse, table, streams, outcome.awaiting_publish)
-    else:
-        reported = _committed(context, lakehouse, table, streams, outcome)
-    if reported is None:
-        return
-    materialization, target = reported
-    yield materialization
-    _evaluate_checks(context, lakehouse, table, table_checks, target, failures)
-
-
-def _committed(
-    context: dg.AssetExecutionContext,
-    lakehouse: LakehouseResource,
-    table: str,
-    streams: list[StreamSpec],
-    outcome: CommitOutcome,
-) -> tuple[dg.MaterializeResult, CheckTarget] | None:
-    """The pass's last commit as the step's materialization, with what its checks read: the
-    snapshot it committed and the batches the pass published (None when it committed nothing)."""
-    materialization = report_commit_pass(context, lakehouse, table, streams, outcome)
-    if materialization is None:
-        context.log.info(f"{table}: nothing committed; the table is unchanged")
-        return None
-    last = outcome.results[-1]
-    return materialization, CheckTarget(
-        checks.CommittedSnapshot(last.metadata_location, last.snapshot_id), run_ranges(outcome)
-    )
-
-
-def _evaluate_checks(
-    context: dg.AssetExecutionContext,
-    lakehouse: LakehouseResource,
-    table: str,
-    table_checks: list[TableCheck],
-    target: CheckTarget,
-    failures: _Failures,
-) -> None:
-    """Log the table's checks on ``target``, but those the run has a step for (the UI's
-    materialize with checks: that step evaluates them on this materialization). A committing run
-    does not plan them: planning a check is an event per check and table at run creation, which
-    for hundreds of tables cost more than the checks; and the run evaluates only those of the
-    tables it committed, each on the snapshot it committed."""
-    key = names.table_key(table)
-    planned = context.job_def.asset_layer.asset_graph.asset_check_keys
-    for check in table_checks:
-        if dg.AssetCheckKey(key, check.name) in planned:
-            continue
-        result = check.result(key, lakehouse, target)
-        context.log_event(
-            dg.AssetCheckEvaluation(
-                asset_key=key,
-                check_name=check.name,
-                passed=result.passed,
-                metadata=result.metadata,
-                severity=result.severity,
-                description=result.description,
-            )
-        )
-        if check.blocking and not result.passed:
-            failures.add(table, f"check {check.name} failed: {result.description}")
-
-
-def _awaiting_publish(
-    context: dg.AssetExecutionContext,
-    lakehouse: LakehouseResource,
-    table_identifier: str,
-    streams: list[StreamSpec],
-    state: AuditState,
-) -> tuple[dg.MaterializeResult, CheckTarget] | None:
-    """The audit branch holds commits main does not. When a check failed on them, publishing stays
-    stopped until the user acts (None); otherwise (a run died before its checks or its publish)
-    the audited snapshot is reported again, with what its checks read, so they run and it is published."""
-    audited = state.audit
-    if audited is None:  # never while commits await publishing
-        return None
-    failed = failed_checks(context.instance, table_identifier, streams, audited)
-    ranges = state.unpublished_ranges()
-    if failed:
-        context.log.warning(
-            f"{table_identifier}: publishing stopped at audited snapshot {audited} (batches {ranges}): "
-            + "; ".join(f"{name} {found}" for name, found in failed.items())
-            + f". Later batches stay staged. Fix, then run job {names.publish_job_name(table_identifier)} "
-            f"(or `lakehouse audit publish --table {table_identifier}`), or discard the audited batches with "
-            f"`lakehouse audit discard --table {table_identifier}`"
-        )
-        return None
-    context.log.info(f"{table_identifier}: audited snapshot {audited} is not published yet; checking it again")
-    location = lakehouse.lake().require_table(table_identifier).metadata_location
-    materialization: dg.MaterializeResult = dg.MaterializeResult(
-        asset_key=names.table_key(table_identifier),
-        metadata={
-            "snapshot_id": str(audited),
-            "metadata_location": location,
-            "branch": AUDIT_BRANCH,
-            "reported_again": True,
-            names.RUN_RANGES_METADATA: dg.JsonMetadataValue(ranges),
-        },
-    )
-    return materialization, CheckTarget(checks.CommittedSnapshot(location, audited), ranges)
 
 
 def commit_due_in(lakehouse: LakehouseResource, table_identifier: str, streams: list[StreamSpec]) -> float:

@@ -26,7 +26,10 @@ WILL_RETRY_TAG = "dagster/will_retry"
 RETRY_NUMBER_TAG = "dagster/retry_number"
 MAX_RETRIES_TAG = "dagster/max_retries"
 
-# Dagster's standard metadata keys: the asset catalog, search and column lineage read them.
+# Dagster's standard metadata keys: the asset catalog, search and column lineage read them. As
+# strings: Dagster 1.13 does not export ``TableMetadataSet`` and ``UriMetadataSet``, which write
+# these keys, from its public API (only from ``dagster._core``); ``TableSchema`` and ``TableColumn``
+# for the column schema are public and used.
 ROW_COUNT_METADATA = "dagster/row_count"
 COLUMN_SCHEMA_METADATA = "dagster/column_schema"
 TABLE_NAME_METADATA = "dagster/table_name"

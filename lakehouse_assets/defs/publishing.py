@@ -15,6 +15,7 @@ from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import checks_not_passed
 from lakehouse_assets.defs.checks import checked_target
+from lakehouse_assets.defs.commit_reports import standard_table_metadata
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import DiscardRefusedError, FencedError, PublishRefusedError, TableMovedError
 
@@ -62,6 +63,7 @@ def published_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.Asse
             f"{table_identifier}: main moved from {result.previous_snapshot_id} to {result.snapshot_id} "
             f"(batches {result.batch_ranges})"
         )
+        main = lakehouse.lake().table(table_identifier)
         yield dg.MaterializeResult(
             metadata={
                 "snapshot_id": str(result.snapshot_id),
@@ -70,6 +72,7 @@ def published_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.Asse
                 "dead_letters": result.dead_letters,
                 "publish_latency_seconds": round(result.publish_latency_seconds, 3),
             }
+            | standard_table_metadata(table_identifier, main, streams)
         )
 
     return published

@@ -1,4 +1,5 @@
-"""Thin resources: where the lakehouse lives, and Spark (the home's warm Spark host, or a JVM of the run's own)."""
+"""Thin resources: where the lakehouse lives, and Spark (the home's warm Spark host, or a JVM of
+the run's own, made by dagster-pyspark's resource)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
+from dagster_pyspark import LazyPySparkResource
 
-from lakehouse_assets.engine.spark import lakehouse_session
+from lakehouse_assets.config.spec import LakehouseConfig
+from lakehouse_assets.engine.spark import lakehouse_session, static_spark_conf
 from lakehouse_assets.engine.spark_host import call_on_host
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
@@ -45,16 +48,28 @@ class LakehouseResource(dg.ConfigurableResource):
 
 class SparkResource(dg.ConfigurableResource):
     """Spark with catalog ``lake``: the home's warm Spark host, or a JVM of this process started
-    on first use (never at sensor ticks)."""
+    on first use (never at sensor ticks) by dagster-pyspark's ``LazyPySparkResource``."""
+
+    pyspark: LazyPySparkResource
+    """The run's own JVM, configured with the engine's static Spark settings
+    (``engine.spark.static_spark_conf``), which the Spark host starts with too; shown as this
+    resource's configuration in the Dagster UI. Settings for every run belong in ``lakehouse.yaml``
+    (``spark:``): a run's own override reaches only a run with its own JVM, never the host's."""
 
     use_host: bool = True
     """Send engine calls to the home's Spark host when ``spark_host.enabled``; runs that
     ``lakehouse`` executes in its own process (``run --until-idle``, ``maintain``, ``audit``) set
     it to false and keep one JVM in that process."""
 
+    @classmethod
+    def of(cls, config: LakehouseConfig) -> SparkResource:
+        """The resource of the definitions of ``config``."""
+        return cls(pyspark=LazyPySparkResource(spark_config=static_spark_conf(config)))
+
     def run(self, lake: Lakehouse, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``function(spark, lake, *args, **kwargs)``, an engine call: on the Spark host when
         ``spark_host.enabled`` and ``use_host``, else on a session of this process."""
         if lake.config.spark_host.enabled and self.use_host:
             return call_on_host(lake, function, *args, **kwargs)
-        return function(lakehouse_session(lake), lake, *args, **kwargs)
+        session = lakehouse_session(lake, start=lambda: self.pyspark.spark_session)
+        return function(session, lake, *args, **kwargs)

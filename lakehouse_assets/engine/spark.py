@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 from importlib import resources
 from urllib.parse import urlparse
 
@@ -128,16 +129,29 @@ def _one_catalog_conf(name: str, lake: Lakehouse) -> dict[str, str]:
     return conf
 
 
-def jvm_session(config: LakehouseConfig) -> SparkSession:
-    """The process's JVM-wide Spark session with ``static_spark_conf``; starts the JVM on first use.
+JvmStart = Callable[[], SparkSession]
+"""Makes the process's JVM-wide session with ``static_spark_conf`` (PySpark's builder's
+``getOrCreate``): in a Dagster run, its dagster-pyspark resource configured with those settings."""
+
+
+def _built(config: LakehouseConfig) -> JvmStart:
+    def build() -> SparkSession:
+        builder = SparkSession.builder
+        for key, value in static_spark_conf(config).items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
+
+    return build
+
+
+def jvm_session(config: LakehouseConfig, start: JvmStart | None = None) -> SparkSession:
+    """The process's JVM-wide Spark session with ``static_spark_conf``, made by ``start`` (by
+    default PySpark's builder); starts the JVM on first use, on the Java that runs Spark.
 
     Thread-safe: a second caller waits for the first one's JVM (PySpark's builder lock).
     """
     ensure_java_home()
-    builder = SparkSession.builder
-    for key, value in static_spark_conf(config).items():
-        builder = builder.config(key, value)
-    root = builder.getOrCreate()
+    root = (start or _built(config))()
     root.sparkContext.setLogLevel("ERROR")
     resolve_names_once(spark_jvm(root))
     return root
@@ -171,9 +185,10 @@ def _add_kafka_source(session: SparkSession, config: LakehouseConfig) -> None:
         session.sql("ADD JAR '{}'".format(jar.replace("\\", "\\\\").replace("'", "\\'")))
 
 
-def lakehouse_session(lake: Lakehouse) -> SparkSession:
-    """A Spark session whose catalog ``lake`` is this lakehouse's; starts the JVM on first use."""
-    session = jvm_session(lake.config).newSession()
+def lakehouse_session(lake: Lakehouse, start: JvmStart | None = None) -> SparkSession:
+    """A Spark session whose catalog ``lake`` is this lakehouse's; starts the JVM on first use
+    (with ``start``, as ``jvm_session``)."""
+    session = jvm_session(lake.config, start).newSession()
     for key, value in catalog_conf(lake).items():
         session.conf.set(key, value)
     _add_kafka_source(session, lake.config)
