@@ -17,6 +17,7 @@ from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.config.routed_streams import routed_stream_name
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
+from lakehouse_assets.defs.check_status import latest_evaluation
 from lakehouse_assets.defs.sensors import writer_run_request
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
@@ -189,7 +190,9 @@ def test_routed_changes_apply_in_order_and_a_missing_table_is_a_dead_letter(lake
     assert table_rows(lake, "lakehouse.cdc_dead_letters") == []
 
 
-def test_a_table_found_after_the_code_location_loaded_is_committed_by_the_router_run(routed, paths, instance):
+def test_a_table_found_after_the_code_location_loaded_is_committed_and_checked_by_the_router_run(
+    routed, paths, instance
+):
     lake = Lakehouse(routed, paths)
     definitions = build_definitions(routed)  # loaded before any event was routed: no committer for shop.orders
     stream = routed.stream("app_events")
@@ -202,8 +205,15 @@ def test_a_table_found_after_the_code_location_loaded_is_committed_by_the_router
 
     assert result.success
     assert [row["order_id"] for row in table_rows(lake, "shop.orders")] == [1]
-    materialization = instance.get_latest_materialization_event(names.table_key("shop.orders")).asset_materialization
+    key = names.table_key("shop.orders")
+    materialization = instance.get_latest_materialization_event(key).asset_materialization
     assert materialization.metadata["rows"].value == 1
+    assert materialization.metadata[names.ROW_COUNT_METADATA].value == 1  # the standard table metadata
+    # Reported as every commit is: the blocking checks evaluated on the snapshot it committed.
+    for check in names.CHECK_NAMES:
+        evaluation = latest_evaluation(instance, dg.AssetCheckKey(key, check))
+        assert evaluation is not None and evaluation.passed, check
+        assert evaluation.metadata["snapshot_id"] == materialization.metadata["snapshot_id"], check
 
 
 TENANTS = {
