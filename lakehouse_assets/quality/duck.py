@@ -21,7 +21,12 @@ def _extension_file(extension: str, package: str) -> str:
 @cache
 def _database() -> duckdb.DuckDBPyConnection:
     """One in-memory database per process with the extensions loaded (installing and loading them
-    takes a tenth of a second or more, once per database rather than once per check)."""
+    takes a tenth of a second or more, once per database rather than once per check).
+
+    Not dagster-duckdb's ``DuckDBResource``: its ``get_connection`` connects anew each time, which
+    for an in-memory database is a new database, so every check would load the extensions again
+    (140 ms against 0.35 ms for a cursor of this one, measured on 2 cores); and ``lakehouse sql``
+    reads through this without Dagster."""
     connection = duckdb.connect()
     for extension, package in EXTENSION_PACKAGES:
         connection.execute(f"INSTALL '{_extension_file(extension, package)}'")
