@@ -62,6 +62,7 @@ DEBEZIUM_STREAM, DEBEZIUM_TABLE, DEBEZIUM_TOPIC, DEBEZIUM_PARTITIONS = "chaos_cd
 KINDS = ("spark-host", "spark-jvm", "run-worker", "dagster-dev", "kafka-broker")
 FINAL_STATUSES = ("SUCCESS", "FAILURE", "CANCELED")
 VICTIM_WAIT_SECONDS = 5.0
+VICTIM_PATIENCE_SECONDS = 60.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -344,7 +345,7 @@ def victims(work: dev.Workdir, kind: str) -> list[int]:
 def find_victim(work: dev.Workdir, kinds: list[str], until: float) -> tuple[str, list[int]] | None:
     """The first of ``kinds`` with live processes, and them: the drawn kind (``kinds[0]``) is waited
     for up to ``VICTIM_WAIT_SECONDS``, then any; between runs none may be alive, so look again
-    until ``until`` (the next kill's moment)."""
+    until ``until``."""
     drawn_until = time.monotonic() + VICTIM_WAIT_SECONDS
     while True:
         for kind in kinds if time.monotonic() >= drawn_until else kinds[:1]:
@@ -385,8 +386,8 @@ class Orchestrator:
 def chaos(
     args: argparse.Namespace, orchestrator: Orchestrator, broker: LocalBroker | None, deadline: float
 ) -> list[dict[str, Any]]:
-    """Kill one process of the runtime (or the broker) every ``--min-gap``-``--max-gap`` s until
-    ``deadline``."""
+    """Kill one process of the runtime (or the broker) at moments ``--min-gap``-``--max-gap`` s apart
+    until ``deadline``; a kill that waits for its victim moves the later ones back."""
     rng = random.Random(args.seed)
     kills: list[dict[str, Any]] = []
     moments, moment = [], time.monotonic()
@@ -402,12 +403,16 @@ def chaos(
         orchestrator_at = set(rng.sample(range(len(moments)), count))
     others = [index for index in range(len(moments)) if index not in orchestrator_at]
     broker_at = set(rng.sample(others, min(args.broker_kills, len(others)))) if broker else set()
+    last_kill = time.monotonic()
     for index, moment in enumerate(moments):
-        time.sleep(max(0.0, moment - time.monotonic()))
+        # A kill that had to wait for its victim pushes the next ones back, so each kill still
+        # finds the runtime recovering from the last one, not the same moment.
+        time.sleep(max(0.0, moment - time.monotonic(), last_kill + args.min_gap - time.monotonic()))
         if index in orchestrator_at:
             kills.append({"at": time.time(), "kind": "dagster-dev", "pid": orchestrator.kill()})
             print(f"  kill {len(kills)}: dagster dev (whole process group); starting it again")
             orchestrator.start()
+            last_kill = time.monotonic()
             continue
         if broker and index in broker_at:
             assert broker.process is not None
@@ -416,11 +421,13 @@ def chaos(
             broker.stop(kill=True)
             time.sleep(args.broker_down)
             broker.start()
+            last_kill = time.monotonic()
             continue
-        next_moment = moments[index + 1] if index + 1 < len(moments) else deadline
-        found = find_victim(orchestrator.work, rng.sample(KINDS[:3], 3), next_moment)
+        # Just after a kill the runtime may run no process for a while (a Spark host restarting, runs
+        # waiting for it), on a busy machine for longer than the gap: wait for one, not skip the kill.
+        found = find_victim(orchestrator.work, rng.sample(KINDS[:3], 3), time.monotonic() + VICTIM_PATIENCE_SECONDS)
         if found is None:
-            print(f"  (no process of the runtime ran until the next kill at {time.time():.0f})")
+            print(f"  (no process of the runtime ran for {VICTIM_PATIENCE_SECONDS:.0f} s; kill {index + 1} skipped)")
             continue
         kind, candidates = found
         pid = rng.choice(candidates)
@@ -432,6 +439,7 @@ def chaos(
         except ProcessLookupError:
             continue
         kills.append({"at": time.time(), "kind": kind, "pid": pid, "signal": sent.name})
+        last_kill = time.monotonic()
         print(f"  kill {len(kills)}: {kind} {pid} ({sent.name})")
     return kills
 
