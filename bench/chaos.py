@@ -52,7 +52,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dagster_dev_freshness as dev  # noqa: E402 - the dagster dev harness beside this script
 
-from lakehouse_assets.ops.kafka_broker import LocalBroker, free_port  # noqa: E402
+from lakehouse_assets.ops.kafka_broker import LocalBroker  # noqa: E402
 
 APPEND_STREAM, APPEND_TABLE = "chaos_events", "chaos.events"
 CHANGE_STREAM, CHANGE_TABLE = "chaos_changes", "chaos.accounts"
@@ -582,7 +582,7 @@ def start_broker(work: dev.Workdir) -> LocalBroker:
     """A local broker in the work directory with this benchmark's two topics."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    broker = LocalBroker(work.root / "kafka", free_port(), free_port())
+    broker = LocalBroker.at(work.root / "kafka")
     broker.start()
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
     topics = [NewTopic(KAFKA_TOPIC, KAFKA_PARTITIONS, 1), NewTopic(DEBEZIUM_TOPIC, DEBEZIUM_PARTITIONS, 1)]

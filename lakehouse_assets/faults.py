@@ -26,6 +26,9 @@ WRITER_AFTER_RECORDING = "writer.after_recording"
 COMMITTER_BEFORE_LOCK = "committer.before_lock"
 COMMITTER_BEFORE_COMMIT = "committer.before_commit"
 COMMITTER_AFTER_DEAD_LETTERS = "committer.after_dead_letters_before_table"
+# Around the dead letters' own write (``commit/dead_letters.py``), the fenced pass's as the table's.
+DEAD_LETTERS_BEFORE_COMMIT = "dead_letters.before_commit"
+DEAD_LETTERS_AFTER_WRITE = "dead_letters.after_write"
 COMMITTER_AFTER_WRITE = "committer.after_write"
 COMMITTER_AFTER_COMMIT = "committer.after_commit_before_bookkeeping"
 # On a catalog that fences across hosts: the pass's commits are on its own branch, not yet published.
@@ -67,8 +70,10 @@ HTTP_CRASH_POINTS = (HTTP_BEFORE_JOURNAL, HTTP_BEFORE_RENAME, HTTP_BEFORE_ACKNOW
 CRASH_POINTS = (
     WRITER_AFTER_STAGING,
     WRITER_AFTER_RECORDING,
-    COMMITTER_BEFORE_COMMIT,
+    DEAD_LETTERS_BEFORE_COMMIT,
+    DEAD_LETTERS_AFTER_WRITE,
     COMMITTER_AFTER_DEAD_LETTERS,
+    COMMITTER_BEFORE_COMMIT,
     COMMITTER_AFTER_WRITE,
     COMMITTER_AFTER_COMMIT,
     COMMITTER_DURING_CLEANUP,

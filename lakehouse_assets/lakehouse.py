@@ -52,6 +52,11 @@ class Lakehouse:
         """The catalog's warehouse location (None when the catalog knows its own)."""
         return table_metadata.warehouse_location(self.config.catalog, self.paths.warehouse)
 
+    @property
+    def file_io_properties(self) -> dict[str, str]:
+        """What PyIceberg reads this lakehouse's table files with (``table_metadata.file_io_properties``)."""
+        return table_metadata.file_io_properties(self.config.catalog)
+
     def metadata_location(self, identifier: str) -> str | None:
         """The table's current metadata file, or None when the table does not exist."""
         return table_metadata.current_metadata_location(self.config.catalog, self.warehouse, identifier)

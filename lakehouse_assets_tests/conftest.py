@@ -17,9 +17,19 @@ import yaml
 
 from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.config.spec import LakehouseConfig
-from lakehouse_assets.jvm.connectors import KAFKA_BROKER, SPARK_KAFKA, fetch_jars
+from lakehouse_assets.jvm.connectors import (
+    ICEBERG_AWS,
+    KAFKA_BROKER,
+    REST_CATALOG_SERVER,
+    S3_COMPATIBLE_ENV,
+    S3_SERVER,
+    SPARK_KAFKA,
+    connector_jars,
+    fetch_jars,
+)
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.kafka_broker import LocalBroker, local_broker
+from lakehouse_assets.ops.s3_server import LocalS3Server, local_s3_server
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets_tests.class_data_archive import ARCHIVE_OPTION, build_archive
 from lakehouse_assets_tests.postgres_server import (
@@ -58,6 +68,17 @@ def pytest_configure(config: pytest.Config) -> None:
     # JVM's class path instead, they made the fault tests' processes about half as slow again.
     fetch_jars(KAFKA_BROKER)
     fetch_jars(SPARK_KAFKA)
+    # The object-store tests' servers, and the AWS SDK that Iceberg's S3FileIO calls. Their
+    # pipelines run on the test JVMs as the other fault tests' do, and a JVM is started for
+    # whichever configuration comes first: every one of the session gets the SDK (one jar, read
+    # only when a class of it is loaded) at the end of its class path, and the SDK's setting for
+    # a store other than AWS (``jvm.connectors.S3_COMPATIBLE_ENV``) from the environment.
+    fetch_jars(S3_SERVER)
+    fetch_jars(REST_CATALOG_SERVER)
+    class_path = [os.environ.get(TEST_JVM_CLASS_PATH_ENV, ""), *connector_jars(ICEBERG_AWS)]
+    os.environ[TEST_JVM_CLASS_PATH_ENV] = os.pathsep.join(filter(None, class_path))
+    for name, value in S3_COMPATIBLE_ENV.items():
+        os.environ.setdefault(name, value)
     if os.environ[JAVA_OPTIONS_ENV] != SUITE_JAVA_OPTIONS:
         return
     directory = Path(tempfile.mkdtemp(prefix="lakehouse-test-jvm-"))
@@ -90,6 +111,7 @@ LONGEST_FILES = (
     "test_kafka.py",
 )
 TESTS_ROOT = Path(__file__).resolve().parent
+OBJECT_STORE_BUCKET = "lake"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -185,6 +207,19 @@ def kafka_broker() -> Iterator[LocalBroker]:
     try:
         with local_broker(directory) as broker:
             yield broker
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[LocalS3Server]:
+    """A local S3-compatible store (S3Proxy) from the jars Maven fetches, with the bucket
+    ``OBJECT_STORE_BUCKET``; like the broker, a machine that cannot run it fails its tests."""
+    directory = Path(tempfile.mkdtemp(prefix="lakehouse-test-s3-"))
+    try:
+        with local_s3_server(directory) as server:
+            server.create_bucket(OBJECT_STORE_BUCKET)
+            yield server
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

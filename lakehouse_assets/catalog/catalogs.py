@@ -48,6 +48,8 @@ _JDBC_CATALOG_KEYS = {
 }
 # Catalog types whose warehouse is a location this project chooses when the config does not.
 WAREHOUSE_TYPES = {HADOOP, "jdbc"}
+S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+S3_SCHEMES = ("s3://", "s3a://")
 
 
 def catalog_type(catalog: Mapping[str, str]) -> str:
@@ -55,6 +57,12 @@ def catalog_type(catalog: Mapping[str, str]) -> str:
     if "catalog-impl" in catalog and "type" not in catalog:
         return _CATALOG_IMPL_TYPES.get(catalog["catalog-impl"], catalog["catalog-impl"])
     return catalog.get("type", HADOOP)
+
+
+def uses_s3(catalog: Mapping[str, str]) -> bool:
+    """Whether the catalog's tables are on S3 (or an S3-compatible store) through Iceberg's
+    S3FileIO: named as its ``io-impl``, or implied by an ``s3://`` warehouse."""
+    return catalog.get("io-impl") == S3_FILE_IO or catalog.get("warehouse", "").startswith(S3_SCHEMES)
 
 
 def resolved(catalog: Mapping[str, str]) -> dict[str, str]:

@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog.noop import NoopCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import StaticTable, Table
 
@@ -56,6 +57,12 @@ def catalog_client(catalog: Mapping[str, str], warehouse: str | None) -> Catalog
     if warehouse:
         properties["warehouse"] = warehouse
     return _catalog_client(tuple(sorted(properties.items())))
+
+
+def file_io_properties(catalog: Mapping[str, str]) -> dict[str, str]:
+    """The properties PyIceberg reads a table's files with: the catalog's (on S3, its endpoint
+    and credentials, ``${env:}`` references read); none for the hadoop catalog's local files."""
+    return {} if is_hadoop_catalog(catalog) else pyiceberg_catalog_properties(catalog)
 
 
 def _hadoop_table_dir(warehouse: str | None, identifier: str) -> Path:
@@ -105,6 +112,20 @@ def current_metadata_location(catalog: Mapping[str, str], warehouse: str | None,
 
 
 def load_committed_table(catalog: Mapping[str, str], warehouse: str | None, identifier: str) -> Table | None:
-    """The table as last committed, read-only, or None when it does not exist."""
-    location = current_metadata_location(catalog, warehouse, identifier)
-    return StaticTable.from_metadata(location) if location else None
+    """The table as last committed, read-only, or None when it does not exist: for a catalog with
+    a client, what one load of it returned (one round trip to a REST catalog), reading its files
+    with the FileIO the catalog configured (on S3: its endpoint and credentials)."""
+    if is_hadoop_catalog(catalog):
+        location = current_metadata_location(catalog, warehouse, identifier)
+        return StaticTable.from_metadata(location) if location else None
+    try:
+        loaded = catalog_client(catalog, warehouse).load_table(identifier)
+    except NoSuchTableError:
+        return None
+    return StaticTable(
+        identifier=loaded.name(),
+        metadata=loaded.metadata,
+        metadata_location=loaded.metadata_location,
+        io=loaded.io,
+        catalog=NoopCatalog(CATALOG_NAME),
+    )

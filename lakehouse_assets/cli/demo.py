@@ -14,7 +14,7 @@ from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.engine.spark import start_jvm_in_background
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.sql import connect, run_query, view_names, write_result
-from lakehouse_assets.quality.duck import iceberg_connection, scan, single_count
+from lakehouse_assets.quality.duck import iceberg_connection, read_storage_of, scan, single_count
 from lakehouse_assets.runner import dagster_instance, run_until_idle
 
 DEMO_SEED = 7
@@ -63,6 +63,7 @@ def run_demo(events: int) -> int:
     with dagster_instance(lake.paths) as instance:
         report = run_until_idle(build_definitions(lake.config), instance)
         status = lakehouse_status(lake, instance)
+    read_storage_of(lake.config.catalog)
     connection = iceberg_connection()
     for entry in status:
         location = lake.metadata_location(entry["table"])

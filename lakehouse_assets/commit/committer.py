@@ -10,7 +10,8 @@ A committer pass over one table:
    parents, so a rolled-back batch is committed again), marks staged batches at or below it
    committed without committing them again, and takes the contiguous staged batches above it (a
    missing batch stops the stream with an error naming it);
-4. appends their dead letters to the dead-letter table, then publishes their rows: one append for
+4. commits their dead letters to the dead-letter table, in a fenced pass over that table of the
+   same kind as this one (``commit.fenced_pass``), then publishes their rows: one append for
    all ready batches of an append stream, one commit per batch, in order, for a change stream (a
    row delta through the key index on a format-2 merge-on-read table, else a MERGE).
    Under ``publish: audit`` the rows go to the table's audit branch instead (and only while it
@@ -46,6 +47,7 @@ from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.commit.branches import AuditState, audit_state, sync_audit_branch
 from lakehouse_assets.commit.completeness import count_late_events, next_watermark
 from lakehouse_assets.commit.dead_letters import commit_dead_letters
+from lakehouse_assets.commit.fenced_pass import CommitTarget, CommitterPass, write_until_landed
 from lakehouse_assets.commit.pass_branches import (
     abandoned_pass_branches,
     drop_pass_branch,
@@ -53,13 +55,10 @@ from lakehouse_assets.commit.pass_branches import (
     written_on_pass_branch,
 )
 from lakehouse_assets.commit.recovery import (
-    AUDIT_BRANCH,
     MAIN_BRANCH,
     branch_head,
     branch_head_id,
     committed_state,
-    lakehouse_commits,
-    next_epoch,
     table_history,
 )
 from lakehouse_assets.commit.row_deltas import ChangeBatchDelta, uses_row_deltas
@@ -85,11 +84,9 @@ from lakehouse_assets.errors import (
     TableNotFoundError,
 )
 from lakehouse_assets.faults import crash_point
-from lakehouse_assets.jvm.spark_jvm import copied_session, is_commit_conflict
+from lakehouse_assets.jvm.spark_jvm import copied_session
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
-
-COMMIT_ATTEMPTS = 3
 
 StageAgain = Callable[[SparkSession, Lakehouse, StreamSpec, int, str], object]
 """Stages batch ``sequence`` of ``stream`` again from its landing files, as Parquet, for a pass that
@@ -171,129 +168,6 @@ def seconds_until_commit_due(table: Table | None, streams: list[StreamSpec], now
 
 
 @dataclass(frozen=True)
-class CommitTarget:
-    """Where one committer pass writes, decided once before it writes and never changed: ``branch``
-    receives its commits; ``publishes_to`` is the branch readers see. The three targets: main
-    directly (``direct``), the audit branch of a table published with ``publish: audit``
-    (``audited``), and, on a catalog that fences across hosts, the pass's own branch
-    (``pass_branches``), fast-forwarded onto the other target when the pass succeeds."""
-
-    branch: str
-    publishes_to: str
-
-    @classmethod
-    def direct(cls) -> CommitTarget:
-        return cls(MAIN_BRANCH, MAIN_BRANCH)
-
-    @classmethod
-    def audited(cls) -> CommitTarget:
-        return cls(AUDIT_BRANCH, AUDIT_BRANCH)
-
-    def on_pass_branch(self, name: str) -> CommitTarget:
-        """This target's commits written on pass branch ``name`` first."""
-        return CommitTarget(name, self.publishes_to)
-
-    @property
-    def is_pass_branch(self) -> bool:
-        return self.branch != self.publishes_to
-
-
-@dataclass
-class CommitterPass:
-    """One committer pass over one table: its engine, epoch, target, and the head of the target's
-    branch it expects (its fence), which only its own commits move.
-
-    It reads the table once and again only where it must: after it wrote to the table itself
-    (``reread``) and at the fence, which must see what others committed. On a REST catalog or an
-    object store every read is a round trip and a metadata file."""
-
-    spark: SparkSession
-    lake: Lakehouse
-    table_identifier: str
-    run_id: str
-    epoch: int
-    target: CommitTarget
-    expected_snapshot_id: int | None
-    stage_again: StageAgain
-    read: Table | None = field(default=None, repr=False)
-    """The table as this pass last read it."""
-
-    @classmethod
-    def begin(
-        cls,
-        spark: SparkSession,
-        lake: Lakehouse,
-        table_identifier: str,
-        run_id: str,
-        target: CommitTarget,
-        stage_again: StageAgain,
-    ) -> CommitterPass:
-        """A pass over the table as it is now: an epoch above every epoch in its branch's ancestry,
-        and the branch's head as the base it expects."""
-        table = lake.table(table_identifier)
-        return cls(
-            spark=spark,
-            lake=lake,
-            table_identifier=table_identifier,
-            run_id=run_id,
-            epoch=next_epoch(table, target.branch),
-            target=target,
-            expected_snapshot_id=branch_head_id(table, target.branch),
-            stage_again=stage_again,
-            read=table,
-        )
-
-    def on_pass_branch(self, name: str) -> CommitterPass:
-        """The same pass writing on its pass branch ``name`` (just opened at the expected head; on
-        a table with no snapshot yet, at a new empty one)."""
-        return replace(
-            self,
-            target=self.target.on_pass_branch(name),
-            expected_snapshot_id=branch_head_id(self.reread(), name),
-        )
-
-    @property
-    def branch(self) -> str:
-        """The branch this pass's commits go to."""
-        return self.target.branch
-
-    def expect(self, snapshot_id: int | None) -> None:
-        """Move the fence to ``snapshot_id``: the branch's head after this pass's own commit, or
-        after a conflict the head it read again."""
-        self.expected_snapshot_id = snapshot_id
-
-    @property
-    def stamp(self) -> summary_keys.CommitStamp:
-        return summary_keys.CommitStamp(self.epoch, self.run_id)
-
-    def table(self) -> Table | None:
-        """The table as this pass last read it (None: it does not exist)."""
-        return self.read
-
-    def reread(self) -> Table | None:
-        """The table as committed now: after this pass wrote to it, or to see others' commits."""
-        self.read = self.lake.table(self.table_identifier)
-        return self.read
-
-    def check_fence(self) -> None:
-        """Raise FencedError when the branch moved from the expected base or a newer committer wrote."""
-        table = self.reread()
-        head = branch_head(table, self.branch)
-        current = head.snapshot_id if head else None
-        if current != self.expected_snapshot_id:
-            raise FencedError(
-                f"table {self.table_identifier} ({self.branch}) moved from snapshot {self.expected_snapshot_id} to "
-                f"{current} since this committer planned; stopping without committing"
-            )
-        for commit in lakehouse_commits(table, self.branch):
-            if commit.epoch > self.epoch or (commit.epoch == self.epoch and commit.run != self.run_id):
-                raise FencedError(
-                    f"table {self.table_identifier}: committer run {commit.run} with epoch {commit.epoch} "
-                    f"committed after this one (epoch {self.epoch}) started; stopping without committing"
-                )
-
-
-@dataclass(frozen=True)
 class CommitOutcome:
     """What a committer pass found and did."""
 
@@ -322,14 +196,16 @@ def _has_staged_data(committer: CommitterPass, record: BatchRecord) -> bool:
     return snapshot_id is None or (table is not None and table.snapshot_by_id(snapshot_id) is not None)
 
 
-def _ensure_staged_data(committer: CommitterPass, stream: StreamSpec, record: BatchRecord) -> BatchRecord:
-    """The batch with its staged data, staging it again (as Parquet: this pass holds the table's
-    lock) from its landing files if it is gone."""
+def _ensure_staged_data(
+    committer: CommitterPass, stream: StreamSpec, record: BatchRecord, stage_again: StageAgain
+) -> BatchRecord:
+    """The batch with its staged data, staging it again with ``stage_again`` (as Parquet: this pass
+    holds the table's lock) from its landing files if it is gone."""
     if _has_staged_data(committer, record):
         return record
     ledger = committer.lake.ledger(stream.name)
     ledger.reset_to_minted(record.sequence)
-    committer.stage_again(committer.spark, committer.lake, stream, record.sequence, committer.run_id)
+    stage_again(committer.spark, committer.lake, stream, record.sequence, committer.run_id)
     return ledger.require(record.sequence)
 
 
@@ -345,40 +221,6 @@ def _has_ready_batches(committer: CommitterPass, streams: list[StreamSpec]) -> b
         except SequenceGapError:
             return True
     return False
-
-
-def _write_until_landed(
-    committer: CommitterPass, stream: StreamSpec, last_sequence: int, write: Callable[[], None]
-) -> Table:
-    """Run ``write`` until the ancestry shows ``last_sequence``; returns the table as committed.
-
-    Only the ancestry decides: a write that raised may have landed (the catalog failed after the
-    commit), and one that returned is confirmed. A commit conflict is retried after re-reading.
-    """
-    for attempt in range(1, COMMIT_ATTEMPTS + 1):
-        committer.check_fence()
-        crash_point(faults.COMMITTER_BEFORE_COMMIT)
-        try:
-            write()
-            crash_point(faults.COMMITTER_AFTER_WRITE)
-            error = None
-        except Exception as raised:  # noqa: BLE001 - py4j errors of any kind; the ancestry decides below
-            error = raised
-        confirmed = committer.reread()
-        if (
-            confirmed is not None
-            and committed_state(confirmed, stream.name, committer.branch).sequence >= last_sequence
-        ):
-            return confirmed
-        if error is None:
-            raise CommitOutcomeUnknownError(
-                f"table {committer.table_identifier}: the commit of batch {last_sequence} returned but the ancestry "
-                "does not show it; staged data is kept for the next run"
-            )
-        if not is_commit_conflict(error) or attempt == COMMIT_ATTEMPTS:
-            raise error
-        committer.expect(branch_head_id(confirmed, committer.branch))
-    raise AssertionError("unreachable")
 
 
 def _evolve_schema(committer: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> None:
@@ -422,7 +264,7 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
     identifier = stream.table_identifier
     started = time.monotonic()
     if committer.target.publishes_to == MAIN_BRANCH:
-        dead_letters = commit_dead_letters(committer.spark, committer.lake, stream, batches, committer.stamp)
+        dead_letters = commit_dead_letters(committer.spark, committer.lake, stream, batches, committer.run_id)
         crash_point(faults.COMMITTER_AFTER_DEAD_LETTERS)
     else:
         # Audited batches send their dead letters when they are published: a discarded batch is
@@ -532,7 +374,7 @@ def _publish(
     if schema_change:
         properties[summary_keys.SCHEMA_CHANGE] = json.dumps(schema_change)
         properties[summary_keys.SCHEMA_CHANGE_BATCHES] = json.dumps(_triggering_batches(schema_change, batches))
-    confirmed = _write_until_landed(committer, stream, batches[-1].sequence, write)
+    confirmed = write_until_landed(committer, stream.name, batches[-1].sequence, write)
     crash_point(faults.COMMITTER_AFTER_COMMIT)
     snapshot = branch_head(confirmed, committer.branch)
     if snapshot is None:
@@ -581,9 +423,10 @@ def _commit_stream(
     plans: list[CommitPlan],
     results: list[CommitResult],
     publish_waits: bool,
+    stage_again: StageAgain,
 ) -> None:
     """Mark what the branch already holds committed, then (unless publishing waits) commit the
-    ready batches."""
+    ready batches, staging again with ``stage_again`` those whose staged data is gone."""
     ledger = committer.lake.ledger(stream.name)
     history = table_history(committer.table(), committer.branch)
     plan = plan_commit(ledger, stream.name, history.sequence(stream.name))
@@ -605,7 +448,7 @@ def _commit_stream(
     # Appends fold every ready batch into one commit. Changes commit one batch at a time, in order:
     # folding them would need the net effect across batches, and a per-batch commit keeps each
     # batch's deletes and upserts checkable on its own snapshot.
-    ready = [_ensure_staged_data(committer, stream, record) for record in plan.ready]
+    ready = [_ensure_staged_data(committer, stream, record, stage_again) for record in plan.ready]
     if stream.applies_changes:
         groups = [[record] for record in ready]
     else:
@@ -656,7 +499,7 @@ def commit_pass(
     committer; a ready batch whose staged data is gone is staged again with ``stage_again``."""
     streams = lake.config.tables[table_identifier]
     target = CommitTarget.audited() if lake.config.audits(table_identifier) else CommitTarget.direct()
-    committer = CommitterPass.begin(spark, lake, table_identifier, run_id, target, stage_again)
+    committer = CommitterPass.begin(spark, lake, table_identifier, run_id, target)
     crash_point(faults.COMMITTER_BEFORE_LOCK)
     plans: list[CommitPlan] = []
     results: list[CommitResult] = []
@@ -691,7 +534,7 @@ def commit_pass(
             with through as branch:
                 writing = committer.on_pass_branch(branch) if branch != target.branch else committer
                 for stream in streams:
-                    _commit_stream(writing, stream, plans, results, publish_waits)
+                    _commit_stream(writing, stream, plans, results, publish_waits, stage_again)
         except FencedError as fenced:
             # On a pass branch nothing was published; on the target itself, what landed before the fence was.
             return CommitOutcome(plans, [] if writing.target.is_pass_branch else results, fenced=str(fenced))

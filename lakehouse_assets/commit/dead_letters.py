@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import reduce
+from functools import partial, reduce
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -15,9 +15,9 @@ from lakehouse_assets.batches.ledger import BatchRecord
 from lakehouse_assets.batches.staged_rows import read_staged, rejected_events
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.commit import summary_keys
+from lakehouse_assets.commit.fenced_pass import DEAD_LETTER_WRITE, CommitTarget, CommitterPass, write_until_landed
 from lakehouse_assets.commit.pass_branches import abandoned_pass_branches, drop_pass_branch, written_on_pass_branch
-from lakehouse_assets.commit.recovery import MAIN_BRANCH, branch_head, committed_state
-from lakehouse_assets.commit.summary_keys import CommitStamp
+from lakehouse_assets.commit.recovery import MAIN_BRANCH, committed_state
 from lakehouse_assets.commit.table_writes import append_rows, run_with_commit_properties
 from lakehouse_assets.commit.tables import MANAGED_TABLE_PROPERTIES
 from lakehouse_assets.config.spec import StreamSpec
@@ -133,11 +133,15 @@ def commit_dead_letters(
     lake: Lakehouse,
     stream: StreamSpec,
     batches: list[BatchRecord],
-    stamp: CommitStamp,
+    run_id: str,
 ) -> int:
     """Commit the batches' rejected events to the stream's dead-letter table, and remove the dead
-    letters they replay, in one commit stamped ``stamp``, unless the dead-letter table's ancestry
-    has these batches. Returns how many events the batches rejected."""
+    letters they replay, in one commit of a fenced pass over that table (its own epoch, the head it
+    planned from, written until its ancestry shows the batches), unless the ancestry already has
+    them. Returns how many events the batches rejected.
+
+    Raises FencedError, with nothing committed, when another committer wrote the dead-letter table
+    after this pass read it."""
     identifier = stream_dead_letter_identifier(stream)
     directory = landing_dir(lake.paths, stream)
     replays = {record.sequence: replayed_keys(directory, record.minted.files) for record in batches}
@@ -145,26 +149,29 @@ def commit_dead_letters(
     if count == 0 and not any(replays.values()):
         return 0
     ensure_dead_letter_table(spark, identifier)
-    table = lake.table(identifier)
+    dead_letters = CommitterPass.begin(spark, lake, identifier, run_id, CommitTarget.direct())
+    table = dead_letters.table()
     already = committed_state(table, stream.name).sequence
     pending = [r for r in batches if r.sequence > already and (r.staged_batch.rejected or replays[r.sequence])]
     if not pending:
         return count
     rejected = [record for record in pending if record.staged_batch.rejected]
     rows = sum(record.staged_batch.rejected for record in rejected)
-    properties = summary_keys.commit_summary(stream.name, pending, rows, rows, stamp)
+    properties = summary_keys.commit_summary(stream.name, pending, rows, rows, dead_letters.stamp)
     new_rows = dead_letter_rows(spark, stream.name, rejected) if rejected else None
     replayed = [key for record in pending for key in replays[record.sequence]]
     for abandoned in abandoned_pass_branches(table):
         drop_pass_branch(spark, identifier, abandoned)
-    head = branch_head(table, MAIN_BRANCH)
     with written_on_pass_branch(
-        spark, lake.config, identifier, head.snapshot_id if head else None, MAIN_BRANCH, stamp
+        spark, lake.config, identifier, dead_letters.expected_snapshot_id, MAIN_BRANCH, dead_letters.stamp
     ) as branch:
+        writing = dead_letters.on_pass_branch(branch) if branch != MAIN_BRANCH else dead_letters
         if replayed:
             properties[summary_keys.NET_ROWS] = str(rows - len(replayed))
             view = f"lakehouse_dead_letters_{stream.name}_{pending[0].sequence}"
-            replace_dead_letters(spark, identifier, new_rows, replayed, properties, view, branch)
-        elif new_rows is not None:  # without replays, pending batches have rejects
-            append_rows(new_rows, identifier, properties, branch)
+            write = partial(replace_dead_letters, spark, identifier, new_rows, replayed, properties, view, branch)
+        else:
+            assert new_rows is not None  # without replays, pending batches have rejects
+            write = partial(append_rows, new_rows, identifier, properties, branch)
+        write_until_landed(writing, stream.name, pending[-1].sequence, write, DEAD_LETTER_WRITE)
     return count

@@ -24,8 +24,7 @@ from lakehouse_assets.batches.ledger import BatchRecord
 from lakehouse_assets.catalog.conditional_commits import set_branch_if_unchanged
 from lakehouse_assets.commit.branches import AuditState, audit_state, on_main, reset_audit_branch
 from lakehouse_assets.commit.dead_letters import commit_dead_letters, stream_dead_letter_identifier
-from lakehouse_assets.commit.recovery import MAIN_BRANCH, committed_state, next_epoch
-from lakehouse_assets.commit.summary_keys import CommitStamp
+from lakehouse_assets.commit.recovery import MAIN_BRANCH, committed_state
 from lakehouse_assets.config.spec import LakehouseConfig, StreamSpec
 from lakehouse_assets.errors import ConfigError, DiscardRefusedError, FencedError, PublishRefusedError, TableMovedError
 from lakehouse_assets.faults import crash_point
@@ -84,13 +83,11 @@ def _commit_audited_dead_letters(
     streams: list[StreamSpec],
     ranges: dict[str, list[int]],
     run_id: str,
-    table_identifier: str,
 ) -> int:
     """Commit the dead letters of the unpublished batch ``ranges`` (each stream's part once: its
     dead-letter table's ancestry says); returns how many events they rejected."""
-    stamp = CommitStamp(next_epoch(lake.table(table_identifier)), run_id)
     return sum(
-        commit_dead_letters(spark, lake, stream, _audited_batches(lake, stream, *ranges[stream.name]), stamp)
+        commit_dead_letters(spark, lake, stream, _audited_batches(lake, stream, *ranges[stream.name]), run_id)
         for stream in streams
         if stream.name in ranges
     )
@@ -147,7 +144,7 @@ def _publish_once(
             f"{snapshot_id}; run the checks on the new head first"
         )
     ranges = state.unpublished_ranges()
-    dead_letters = _commit_audited_dead_letters(spark, lake, streams, ranges, run_id, table_identifier)
+    dead_letters = _commit_audited_dead_letters(spark, lake, streams, ranges, run_id)
     crash_point(faults.PUBLISH_AFTER_DEAD_LETTERS)
     if not set_branch_if_unchanged(spark, table_identifier, table.metadata_location, MAIN_BRANCH, snapshot_id):
         raise TableMovedError(f"table {table_identifier} changed while its audited snapshot was being published")

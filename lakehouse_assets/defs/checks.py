@@ -6,7 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import dagster as dg
-from pyiceberg.table import StaticTable
 
 from lakehouse_assets.batches.ledger import StreamLedger
 from lakehouse_assets.commit.branches import audit_state
@@ -20,7 +19,7 @@ from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.errors import describe_error
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.quality import checks
-from lakehouse_assets.quality.duck import iceberg_connection
+from lakehouse_assets.quality.duck import iceberg_connection, read_storage_of
 from lakehouse_assets.quality.lag import stream_lag_seconds
 from lakehouse_assets.runtime.run_liveness import RUN_KIND_TAG
 
@@ -55,6 +54,7 @@ class TableCheck:
         checking is a failed result with the error, so a broken check neither stops the other
         tables' checks nor passes silently; a blocking one still fails its run."""
         try:
+            read_storage_of(lakehouse.lake().config.catalog)
             result = self.evaluate(lakehouse, target if isinstance(target, CheckTarget) else target())
         except Exception as error:  # noqa: BLE001 - reported as the check's result
             found = describe_error(error)
@@ -71,14 +71,18 @@ class TableCheck:
         )
 
 
-def materialized_target(instance: dg.DagsterInstance, table_identifier: str) -> CheckTarget:
+def materialized_target(
+    instance: dg.DagsterInstance, lakehouse: LakehouseResource, table_identifier: str
+) -> CheckTarget:
     """The snapshot and batch ranges recorded by the latest materialization of the table."""
     event = instance.get_latest_materialization_event(names.table_key(table_identifier))
     if event is None or event.asset_materialization is None:
         return CheckTarget(None, {})
     metadata = event.asset_materialization.metadata
     snapshot = checks.CommittedSnapshot(
-        metadata_location=str(metadata["metadata_location"].value), snapshot_id=int(str(metadata["snapshot_id"].value))
+        metadata_location=str(metadata["metadata_location"].value),
+        snapshot_id=int(str(metadata["snapshot_id"].value)),
+        io_properties=lakehouse.lake().file_io_properties,
     )
     ranges = metadata.get(names.RUN_RANGES_METADATA)
     recorded = ranges.value if ranges else {}
@@ -94,8 +98,7 @@ def current_target(lakehouse: LakehouseResource, table_identifier: str) -> Check
     if snapshot is None or not lake.config.audits(table_identifier):
         return CheckTarget(snapshot, {})
     # The ranges from the very table version the snapshot was read from.
-    table = StaticTable.from_metadata(snapshot.metadata_location)
-    return CheckTarget(snapshot, audit_state(table).unpublished_ranges())
+    return CheckTarget(snapshot, audit_state(snapshot.table()).unpublished_ranges())
 
 
 def checked_target(instance: dg.DagsterInstance, lakehouse: LakehouseResource, table_identifier: str) -> CheckTarget:
@@ -103,7 +106,7 @@ def checked_target(instance: dg.DagsterInstance, lakehouse: LakehouseResource, t
     (``check_current_snapshot``), else the one its latest materialization recorded."""
     if lakehouse.check_current_snapshot:
         return current_target(lakehouse, table_identifier)
-    return materialized_target(instance, table_identifier)
+    return materialized_target(instance, lakehouse, table_identifier)
 
 
 def _result(outcome: checks.CheckOutcome, snapshot: checks.CommittedSnapshot) -> dg.AssetCheckResult:
@@ -225,7 +228,11 @@ def dead_letters_check(table_identifier: str) -> TableCheck:
         else:
             table = lake.table(identifier)
             head = table.current_snapshot() if table else None
-            snapshot = checks.CommittedSnapshot(table.metadata_location, head.snapshot_id) if table and head else None
+            snapshot = (
+                checks.CommittedSnapshot(table.metadata_location, head.snapshot_id, lake.file_io_properties)
+                if table and head
+                else None
+            )
             outcomes = [
                 checks.check_no_new_dead_letters(connection, snapshot, stream, first, last)
                 for stream, (first, last) in sorted(target.ranges.items())

@@ -198,7 +198,8 @@ def _committed(
         | {names.RUN_RANGES_METADATA: dg.JsonMetadataValue(run_ranges(outcome))}
         | standard_table_metadata(table_identifier, table, streams)
     )
-    target = CheckTarget(checks.CommittedSnapshot(last.metadata_location, last.snapshot_id), run_ranges(outcome))
+    snapshot = checks.CommittedSnapshot(last.metadata_location, last.snapshot_id, lake.file_io_properties)
+    target = CheckTarget(snapshot, run_ranges(outcome))
     return dg.MaterializeResult(asset_key=names.table_key(table_identifier), metadata=metadata), target
 
 
@@ -236,7 +237,7 @@ def _awaiting_publish(
         "reported_again": True,
         names.RUN_RANGES_METADATA: dg.JsonMetadataValue(ranges),
     } | standard_table_metadata(table_identifier, table, streams)
-    target = CheckTarget(checks.CommittedSnapshot(location, audited), ranges)
+    target = CheckTarget(checks.CommittedSnapshot(location, audited, lakehouse.lake().file_io_properties), ranges)
     return dg.MaterializeResult(asset_key=names.table_key(table_identifier), metadata=metadata), target
 
 

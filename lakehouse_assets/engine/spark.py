@@ -15,10 +15,10 @@ from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
-from lakehouse_assets.catalog.catalogs import HADOOP, spark_catalog_properties
+from lakehouse_assets.catalog.catalogs import HADOOP, spark_catalog_properties, uses_s3
 from lakehouse_assets.catalog.table_metadata import CATALOG_NAME, is_hadoop_catalog
 from lakehouse_assets.config.spec import LakehouseConfig
-from lakehouse_assets.jvm.connectors import SPARK_KAFKA, connector_jars
+from lakehouse_assets.jvm.connectors import ICEBERG_AWS, S3_COMPATIBLE_SDK_SETTINGS, SPARK_KAFKA, connector_jars
 from lakehouse_assets.jvm.java_runtime import ensure_java_home
 from lakehouse_assets.jvm.spark_jvm import jvm as spark_jvm
 from lakehouse_assets.jvm.spark_jvm import resolve_names_once
@@ -72,11 +72,18 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
     conf.update(config.spark)
     if MASTER_ENV in os.environ:
         conf["spark.master"] = os.environ[MASTER_ENV]
+    if "s3.endpoint" in config.catalog:  # a store other than AWS
+        for side in ("driver", "executor"):
+            key = f"spark.{side}.extraJavaOptions"
+            options = [f"-D{name}={value}" for name, value in S3_COMPATIBLE_SDK_SETTINGS.items()]
+            conf[key] = " ".join(filter(None, [conf.get(key), *options]))
     if "spark.jars.packages" not in config.spark:
         # The Iceberg runtime first, then the jars the config adds (a JDBC catalog's driver, say).
         jars = [iceberg_runtime_jar(), *filter(None, conf.pop("spark.jars", "").split(","))]
         if any(stream.kafka_source for stream in config.streams):
             jars += connector_jars(SPARK_KAFKA)
+        if uses_s3(config.catalog):
+            jars += connector_jars(ICEBERG_AWS)
         conf.update(_jar_settings(jars, conf["spark.master"], config.spark.get("spark.driver.extraClassPath")))
     return conf
 

@@ -31,8 +31,7 @@ from lakehouse_assets.batches.landing import landing_dir
 from lakehouse_assets.batches.ledger import EVENTS_DIR, BatchRecord, CommittedBatch, StagedBatch, StreamLedger
 from lakehouse_assets.batches.staged_format import EVENT_COLUMN, LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.commit.dead_letters import DEAD_LETTER_SUFFIX, commit_dead_letters, sidecar_path
-from lakehouse_assets.commit.recovery import branch_head_id, next_epoch
-from lakehouse_assets.commit.summary_keys import CommitStamp
+from lakehouse_assets.commit.recovery import branch_head_id
 from lakehouse_assets.config.routed_streams import ROUTED_TABLE
 from lakehouse_assets.config.spec import ROUTER_DEAD_LETTER_NAMESPACE, TEMPLATE_POINTER, StreamSpec
 from lakehouse_assets.faults import crash_point
@@ -193,8 +192,7 @@ def _commit_unroutable(
     dead-letter table, unless its ancestry has the batch; returns the table's snapshot."""
     identifier = stream.router_dead_letter_identifier
     with exclusive_lock(table_lock_file(lake.paths.locks, identifier)):
-        stamp = CommitStamp(next_epoch(lake.table(identifier)), run_id)
-        commit_dead_letters(spark, lake, stream, [record], stamp)
+        commit_dead_letters(spark, lake, stream, [record], run_id)
         return branch_head_id(lake.table(identifier))
 
 

@@ -1,8 +1,10 @@
 """Jars from Maven Central that only some configurations need, fetched once into a local cache.
 
 The embedded default needs none (the Iceberg runtime comes from PyPI). A Kafka stream needs
-Spark's Kafka source (``spark-kafka``); the local broker of ``make kafka-demo`` and the tests
-needs Kafka itself (``kafka-broker``). Each set is a pom shipped in this package; Maven copies its
+Spark's Kafka source (``spark-kafka``); a warehouse on S3 the AWS SDK for Iceberg's S3FileIO
+(``iceberg-aws``). The local servers of the demos and the tests need theirs: Kafka itself
+(``kafka-broker``), an S3-compatible store (``s3-server``) and Iceberg's REST catalog server
+(``rest-catalog``). Each set is a pom shipped in this package; Maven copies its
 jars into ``$LAKEHOUSE_JARS_DIR/<set>`` (default ``~/.cache/lakehouse_assets/jars``), and a marker
 file written last says the set is whole, so a fetch that died is fetched again.
 
@@ -26,8 +28,23 @@ from lakehouse_assets.errors import LakehouseError
 JARS_DIR_ENV = "LAKEHOUSE_JARS_DIR"
 SPARK_KAFKA = "spark-kafka"
 KAFKA_BROKER = "kafka-broker"
+ICEBERG_AWS = "iceberg-aws"
+S3_SERVER = "s3-server"
+REST_CATALOG_SERVER = "rest-catalog"
 SPARK_KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.12:3.5.7"
 COMPLETE_MARKER = ".complete"
+# The AWS SDK (2.30 on) sends a checksum trailer with every upload and checks one on downloads by
+# default; S3-compatible stores (S3Proxy, older MinIO and Ceph) reject the trailer's signature. For
+# a store other than AWS the SDK's own settings send and check checksums only where S3 requires
+# them: as JVM system properties (Spark's JVMs) or environment variables (the servers), by name.
+S3_COMPATIBLE_SDK_SETTINGS = {
+    "aws.requestChecksumCalculation": "WHEN_REQUIRED",
+    "aws.responseChecksumValidation": "WHEN_REQUIRED",
+}
+S3_COMPATIBLE_ENV = {
+    "AWS_REQUEST_CHECKSUM_CALCULATION": "WHEN_REQUIRED",
+    "AWS_RESPONSE_CHECKSUM_VALIDATION": "WHEN_REQUIRED",
+}
 FETCH_TIMEOUT_SECONDS = 900
 
 

@@ -22,7 +22,7 @@ import duckdb
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.quality.duck import iceberg_connection
+from lakehouse_assets.quality.duck import iceberg_connection, read_storage_of
 
 MAX_TABLE_ROWS = 1000
 """The most rows the aligned table prints (``--json`` and ``--csv`` print all)."""
@@ -53,6 +53,7 @@ def connect(
     lake: Lakehouse, snapshot_id: int | None = None, as_of: datetime | None = None
 ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with a view per existing table, named by its Iceberg identifier."""
+    read_storage_of(lake.config.catalog)
     connection = iceberg_connection()
     found_snapshot = snapshot_id is None
     for identifier in table_names(lake):

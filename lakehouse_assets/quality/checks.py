@@ -7,6 +7,7 @@ Every check returns what it found, so a failure in the Dagster UI explains itsel
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,13 +37,15 @@ class CheckOutcome:
 
 @dataclass(frozen=True)
 class CommittedSnapshot:
-    """The exact snapshot a check reads: the metadata file that holds it and its id."""
+    """The exact snapshot a check reads: the metadata file that holds it, its id, and the FileIO
+    properties to read the file with (``Lakehouse.file_io_properties``: on S3, a secret)."""
 
     metadata_location: str
     snapshot_id: int
+    io_properties: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def table(self) -> StaticTable:
-        return StaticTable.from_metadata(self.metadata_location)
+        return StaticTable.from_metadata(self.metadata_location, dict(self.io_properties))
 
 
 def current_snapshot(lake: Lakehouse, table_identifier: str) -> CommittedSnapshot | None:
@@ -52,9 +55,9 @@ def current_snapshot(lake: Lakehouse, table_identifier: str) -> CommittedSnapsho
     if table is None:
         return None
     if lake.config.audits(table_identifier) and (state := audit_state(table)).awaiting_publish and state.audit:
-        return CommittedSnapshot(table.metadata_location, state.audit)
+        return CommittedSnapshot(table.metadata_location, state.audit, lake.file_io_properties)
     main = table.current_snapshot()
-    return CommittedSnapshot(table.metadata_location, main.snapshot_id) if main else None
+    return CommittedSnapshot(table.metadata_location, main.snapshot_id, lake.file_io_properties) if main else None
 
 
 def _comparable(duckdb_type_name: str) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
 from pyiceberg.table.snapshots import ancestors_of
 
@@ -28,7 +27,7 @@ from lakehouse_assets.commit.dead_letters import dead_letter_identifier, replaye
 from lakehouse_assets.commit.recovery import committed_landing_files, committed_state, lakehouse_commits
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.quality import checks
-from lakehouse_assets.quality.duck import iceberg_connection, manifest_entries, scan
+from lakehouse_assets.quality.duck import iceberg_connection, manifest_entries, read_storage_of, scan
 
 
 def _landed_events(lake: Lakehouse, stream: str) -> list[dict]:
@@ -87,13 +86,13 @@ def _table_problems(lake: Lakehouse, identifier: str) -> list[str]:
     problems = []
     table = lake.table(identifier)
     location = lake.metadata_location(identifier)
-    snapshot = checks.CommittedSnapshot(location, table.current_snapshot().snapshot_id)
+    snapshot = checks.CommittedSnapshot(location, table.current_snapshot().snapshot_id, lake.file_io_properties)
     connection = iceberg_connection()
     for outcome in (checks.check_sequence_ranges(snapshot), checks.check_unique_data_files(connection, snapshot)):
         if not outcome.passed:
             problems.append(f"{identifier}: {outcome.description}")
     files = connection.sql(f"SELECT DISTINCT file_path FROM {manifest_entries(location, snapshot.snapshot_id)}")
-    missing = [path for (path,) in files.fetchall() if not Path(path.removeprefix("file:")).exists()]
+    missing = [path for (path,) in files.fetchall() if not table.io.new_input(path).exists()]
     if missing:
         problems.append(f"{identifier}: {len(missing)} referenced files do not exist, e.g. {missing[0]}")
     for ancestor in ancestors_of(table.current_snapshot(), table.metadata):
@@ -108,6 +107,7 @@ def _table_problems(lake: Lakehouse, identifier: str) -> list[str]:
 
 def invariant_violations(lake: Lakehouse) -> list[str]:
     """Every violated invariant, described; empty when the pipeline did exactly-once."""
+    read_storage_of(lake.config.catalog)
     problems = []
     orders, orders_rejected = expected_orders(lake)
     customers, customers_rejected = expected_customers(lake)

@@ -60,12 +60,13 @@ def test_a_crash_then_wiped_local_state_loses_and_duplicates_nothing(lake, lakeh
     assert invariant_violations(lake) == []
 
 
-def test_an_error_after_a_commit_landed_is_decided_by_the_ancestry(lake):
+@pytest.mark.parametrize("point", [faults.COMMITTER_AFTER_WRITE, faults.DEAD_LETTERS_AFTER_WRITE])
+def test_an_error_after_a_commit_landed_is_decided_by_the_ancestry(point, lake):
     land_round(lake, 1)
 
-    # Every write "fails" after its commit landed: the committer must see the commit in the
-    # ancestry and go on, never commit the batch again.
-    completed = run_pipeline({faults.FAIL_ENV: faults.COMMITTER_AFTER_WRITE})
+    # Every write of the table (or of its dead letters) "fails" after its commit landed: the
+    # committer must see the commit in the ancestry and go on, never commit the batch again.
+    completed = run_pipeline({faults.FAIL_ENV: point})
 
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert invariant_violations(lake) == []

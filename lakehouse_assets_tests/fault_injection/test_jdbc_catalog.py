@@ -20,6 +20,7 @@ import yaml
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.commit.branches import audit_state
+from lakehouse_assets.commit.dead_letters import dead_letter_identifier
 from lakehouse_assets.commit.pass_branches import PASS_BRANCH_PREFIX
 from lakehouse_assets.engine.spark import DRIVER_MEMORY_ENV, ICEBERG_RUNTIME_JAR, MASTER_ENV
 from lakehouse_assets.engine.spark_host import call_on_host
@@ -123,10 +124,12 @@ def _files_containing(root: Path, needle: str) -> list[Path]:
 
 
 def assert_every_batch_once(lake: Lakehouse) -> None:
-    """The tables against the landing oracle (DuckDB and PyIceberg), and each batch once in each table."""
+    """The tables against the landing oracle (DuckDB and PyIceberg), and each batch once in each
+    table and in its dead-letter table."""
     assert invariant_violations(lake) == []
     for identifier in TABLES:
         assert each_batch_committed_once(lake, identifier), identifier
+        assert each_batch_committed_once(lake, dead_letter_identifier(identifier)), identifier
 
 
 def test_both_pipelines_commit_exactly_once_and_pass_their_checks(lake, postgres):
@@ -227,12 +230,15 @@ def test_maintenance_with_expiry_keeps_recovery_exactly_once(lake):
     assert invariant_violations(lake) == []
 
 
-@pytest.mark.parametrize("point", [faults.COMMITTER_BEFORE_COMMIT, faults.COMMITTER_BEFORE_PUBLISH])
+@pytest.mark.parametrize(
+    "point", [faults.DEAD_LETTERS_BEFORE_COMMIT, faults.COMMITTER_BEFORE_COMMIT, faults.COMMITTER_BEFORE_PUBLISH]
+)
 def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point, lake, tmp_path):
     land_round(lake, 1)
     on_host_b = _second_host(lake, tmp_path)
 
-    # Host A plans its commit, then stalls at the commit point; host B commits the same batches.
+    # Host A plans its commit (of the dead letters, or of the table), then stalls at the commit
+    # point; host B commits the same batches and their dead letters.
     with lakehouse_paused_at(point, tmp_path) as host_a_log:
         completed = run_pipeline(on_host_b)
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]

@@ -1,0 +1,202 @@
+"""The pipeline with its warehouse on an S3-compatible store and its tables in an Iceberg REST
+catalog: real servers on loopback (S3Proxy, Iceberg's own ``RESTCatalogServer``), Spark writing
+through Iceberg's S3FileIO, DuckDB and PyIceberg reading the objects back. Exactly once through a
+crash at the commit points, from two hosts that share only the catalog and the store, and across
+the store itself killed mid-commit.
+
+The processes a test kills or holds at a fault point are cold (a JVM of their own), unlike the
+other fault tests' (``attached_cli``): a MERGE, which the change table commits with here (row
+deltas need a local table), hands the JVM a Python callback for its commit properties, and a JVM
+shared with a process that was killed or is held would send this process's callbacks there.
+
+The first round runs once per session; each test starts from a copy of its local files and of the
+catalog's database, on the same store (objects a test wrote are unreferenced for the next one).
+"""
+
+import os
+import shutil
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lakehouse_assets import faults
+from lakehouse_assets.commit.dead_letters import dead_letter_identifier
+from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.ops.rest_catalog_server import LocalRestCatalog
+from lakehouse_assets.ops.s3_server import LocalS3Server
+from lakehouse_assets.paths import STORAGE_ROOT_ENV
+from lakehouse_assets_tests.conftest import OBJECT_STORE_BUCKET
+from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
+from lakehouse_assets_tests.fault_injection.invariants import each_batch_committed_once, invariant_violations
+from lakehouse_assets_tests.fault_injection.pipeline import (
+    PIPELINE,
+    RUN_UNTIL_IDLE,
+    lakehouse_paused_at,
+    land_round,
+    run_pipeline,
+    start_lakehouse_process,
+)
+
+pytestmark = pytest.mark.spark
+
+TABLES = ("sales.orders", "crm.customers")
+SECRET_ENV = "LAKEHOUSE_TEST_S3_SECRET"
+STORE_DOWN_SECONDS = 8
+
+
+def object_store_pipeline(catalog: LocalRestCatalog) -> dict:
+    """The fault pipeline on ``catalog``, its store's secret key read from the environment."""
+    properties = catalog.catalog_properties() | {"s3.secret-access-key": f"${{env:{SECRET_ENV}}}"}
+    return {"catalog": properties, **PIPELINE}
+
+
+@pytest.fixture(scope="session")
+def object_store_first_round(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: LocalS3Server
+) -> Iterator[tuple[Path, LocalRestCatalog]]:
+    """The first round committed on a REST catalog of its own (a warehouse prefix of its own on
+    the session's store); the catalog's database is kept beside the local files' template."""
+    base = tmp_path_factory.mktemp("object-store-pipeline")
+    warehouse = f"s3://{OBJECT_STORE_BUCKET}/{uuid.uuid4().hex[:8]}/warehouse"
+    catalog = LocalRestCatalog.at(base / "rest", s3_server, warehouse)
+    catalog.start()
+    work = base / "work"
+    (work / "dagster").mkdir(parents=True)
+    (work / "lakehouse.yaml").write_text(yaml.safe_dump(object_store_pipeline(catalog)))
+    try:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            _use_home(work, monkeypatch)
+            monkeypatch.setenv(SECRET_ENV, s3_server.secret_access_key)
+            lake = Lakehouse.from_env()
+            land_round(lake, 0)
+            completed = run_pipeline()
+            assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+            assert invariant_violations(lake) == []
+        catalog.stop()
+        shutil.copytree(work, base / "template")
+        shutil.copy(base / "rest" / "catalog.db", base / "catalog-template.db")
+        yield base, catalog
+    finally:
+        catalog.stop()
+
+
+@pytest.fixture
+def rest_catalog(object_store_first_round: tuple[Path, LocalRestCatalog]) -> Iterator[LocalRestCatalog]:
+    """The REST catalog with the first round's tables, started on its port for one test."""
+    base, catalog = object_store_first_round
+    shutil.copy(base / "catalog-template.db", base / "rest" / "catalog.db")
+    catalog.start()
+    try:
+        yield catalog
+    finally:
+        catalog.stop()
+
+
+@pytest.fixture
+def lakehouse_home(
+    object_store_first_round: tuple[Path, LocalRestCatalog],
+    rest_catalog: LocalRestCatalog,
+    s3_server: LocalS3Server,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Path:
+    """The object-store pipeline's local files with the first round committed."""
+    home = restored_first_round(object_store_first_round[0], monkeypatch)
+    monkeypatch.setenv(SECRET_ENV, s3_server.secret_access_key)
+    return home
+
+
+def assert_every_batch_once(lake: Lakehouse) -> None:
+    """The tables against the landing oracle (DuckDB and PyIceberg reading the objects), and each
+    batch once in each table and in its dead-letter table."""
+    assert invariant_violations(lake) == []
+    for identifier in TABLES:
+        assert each_batch_committed_once(lake, identifier), identifier
+        assert each_batch_committed_once(lake, dead_letter_identifier(identifier)), identifier
+
+
+def test_the_pipeline_commits_to_the_object_store_exactly_once_and_keeps_its_secret(lake, s3_server):
+    land_round(lake, 1)
+
+    completed = run_pipeline()
+
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert_every_batch_once(lake)
+    for identifier in TABLES:
+        assert lake.metadata_location(identifier).startswith(f"s3://{OBJECT_STORE_BUCKET}/"), identifier
+    # Nothing of the tables is on the local disk, and the store's secret key is in no local file
+    # (the homes: staged batches, state, Dagster's runs and their logs).
+    assert not lake.paths.warehouse.exists()
+    secret = s3_server.secret_access_key.encode()
+    homes = (lake.paths.home, Path(os.environ["DAGSTER_HOME"]))
+    files = [path for home in homes for path in home.rglob("*") if path.is_file()]
+    assert files and [path for path in files if secret in path.read_bytes()] == []
+    assert s3_server.secret_access_key not in completed.stdout + completed.stderr
+
+
+@pytest.mark.parametrize(
+    "point", [faults.DEAD_LETTERS_AFTER_WRITE, faults.COMMITTER_AFTER_WRITE, faults.COMMITTER_BEFORE_PUBLISH]
+)
+def test_a_pipeline_killed_at_a_commit_point_recovers_exactly_once_on_the_object_store(point, lake):
+    land_round(lake, 1)
+
+    crashed = run_pipeline({faults.CRASH_ENV: point}, cold=True)
+    assert crashed.returncode == -signal.SIGKILL, f"never reached {point}:\n{crashed.stdout[-3000:]}"
+    restarted = run_pipeline()
+
+    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
+    assert_every_batch_once(lake)
+
+
+def test_two_hosts_sharing_only_the_rest_catalog_and_the_store_commit_each_batch_once(lake, tmp_path):
+    land_round(lake, 1)
+    host_b = tmp_path / "host-b"
+    (host_b / "dagster").mkdir(parents=True)
+    on_host_b = {
+        "LAKEHOUSE_HOME": str(host_b / "home"),
+        "DAGSTER_HOME": str(host_b / "dagster"),
+        STORAGE_ROOT_ENV: str(lake.paths.home),
+    }
+
+    # Host A plans its commit, then stalls; host B commits the same batches through the catalog.
+    with lakehouse_paused_at(faults.COMMITTER_BEFORE_COMMIT, tmp_path, cold=True) as host_a_log:
+        completed = run_pipeline(on_host_b)
+        assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+
+    # The catalog refused host A's publish: its requirement (main still at the snapshot it
+    # planned from) no longer held.
+    assert "another committer published" in host_a_log.read_text()
+    assert run_pipeline().returncode == 0
+    assert_every_batch_once(lake)
+
+
+def test_the_store_killed_mid_commit_and_restarted_loses_and_duplicates_nothing(lake, s3_server, tmp_path):
+    land_round(lake, 1)
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    log = tmp_path / "paused.log"
+    point = faults.COMMITTER_BEFORE_COMMIT
+    paused = start_lakehouse_process(
+        list(RUN_UNTIL_IDLE), {faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, log, cold=True
+    )
+    deadline = time.monotonic() + faults.PAUSE_TIMEOUT_SECONDS
+    while not (pauses / f"{point}.paused").exists():
+        assert time.monotonic() < deadline and paused.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.2)
+
+    # The store dies (SIGKILL) as a commit's files are about to be written, and comes back
+    # STORE_DOWN_SECONDS later, while the clients (Spark's S3FileIO, the catalog's) retry.
+    s3_server.stop(kill=True)
+    (pauses / f"{point}.release").touch()
+    time.sleep(STORE_DOWN_SECONDS)
+    s3_server.start()
+    paused.wait(timeout=600)
+
+    # Whether that run rode the outage through or failed, the next run leaves every batch once.
+    completed = run_pipeline()
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:] + log.read_text()[-3000:]
+    assert_every_batch_once(lake)
