@@ -99,6 +99,7 @@ LONGEST_FILES = (
     "test_routing.py",
     "fault_injection/test_chaos.py",
     "fault_injection/test_faults.py",
+    "fault_injection/test_object_store.py",
     "test_iceberg_source.py",
     "test_spark_host.py",
     "test_hostile_input.py",

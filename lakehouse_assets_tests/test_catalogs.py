@@ -131,6 +131,32 @@ def test_a_local_master_puts_the_local_jars_on_the_driver_class_path():
     assert conf["spark.jars"] == "https://repo.example/remote.jar"
 
 
+@pytest.mark.spark  # the AWS SDK's jar comes from Maven, as the Spark tier's do
+def test_a_warehouse_on_an_s3_compatible_store_gets_the_aws_sdk_and_its_settings(monkeypatch):
+    monkeypatch.setenv("LAKE_S3_SECRET", "not-for-logs")
+    catalog = {
+        "type": "rest",
+        "uri": "http://catalog:8181",
+        "warehouse": "s3://lake/warehouse",
+        "s3.endpoint": "http://store:9000",
+        "s3.secret-access-key": "${env:LAKE_S3_SECRET}",
+    }
+    config = _config(catalog)
+
+    conf = static_spark_conf(config)
+    properties = spark_catalog_properties(config.catalog)
+
+    assert any("iceberg-aws-bundle" in jar for jar in conf["spark.driver.extraClassPath"].split(os.pathsep))
+    assert "-Daws.requestChecksumCalculation=WHEN_REQUIRED" in conf["spark.driver.extraJavaOptions"]
+    assert properties["s3.secret-access-key"] == "not-for-logs"
+    # Spark's REST client waits for ever without a socket timeout; the config may set its own.
+    assert properties["rest.client.socket-timeout-ms"] == "120000"
+    assert (
+        spark_catalog_properties({**catalog, "rest.client.socket-timeout-ms": "5000"})["rest.client.socket-timeout-ms"]
+        == "5000"
+    )
+
+
 def test_the_storage_root_is_a_mounted_path_or_file_uri(tmp_path, monkeypatch):
     monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("LAKEHOUSE_STORAGE_ROOT", f"file://{tmp_path}/shared")

@@ -49,6 +49,8 @@ _JDBC_CATALOG_KEYS = {
 # Catalog types whose warehouse is a location this project chooses when the config does not.
 WAREHOUSE_TYPES = {HADOOP, "jdbc"}
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+REST_SOCKET_TIMEOUT = "rest.client.socket-timeout-ms"
+REST_SOCKET_TIMEOUT_MS = 120_000
 S3_SCHEMES = ("s3://", "s3a://")
 
 
@@ -79,8 +81,16 @@ def without_credentials(uri: str) -> str:
 
 
 def spark_catalog_properties(catalog: Mapping[str, str]) -> dict[str, str]:
-    """The settings of an Iceberg ``SparkCatalog`` (without the ``spark.sql.catalog.<name>.`` prefix)."""
-    return resolved(catalog)
+    """The settings of an Iceberg ``SparkCatalog`` (without the ``spark.sql.catalog.<name>.`` prefix).
+
+    A REST catalog's client gets a socket timeout unless the config sets one: Iceberg's waits for an
+    answer without one, so a catalog server that hangs would hold a commit for ever. A commit whose
+    answer timed out is decided by the table's ancestry like any other (``commit.fenced_pass``).
+    """
+    properties = resolved(catalog)
+    if catalog_type(catalog) == "rest":
+        properties.setdefault(REST_SOCKET_TIMEOUT, str(REST_SOCKET_TIMEOUT_MS))
+    return properties
 
 
 def pyiceberg_catalog_properties(catalog: Mapping[str, str]) -> dict[str, str]:

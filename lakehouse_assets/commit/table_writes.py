@@ -4,18 +4,15 @@ Appends pass the keys as ``snapshot-property.*`` write options. Rows a writer al
 staged snapshots are published by Iceberg's ``AppendFiles`` (through py4j: PySpark has no API for
 it), which adds those same data files to a branch with the keys and writes no data.
 
-``MERGE INTO`` is SQL, which has no such option, so the statement runs inside Iceberg's
-``CommitMetadata.withCommitProperties``: a thread-local that Iceberg's Spark writer adds to the
-commit's summary. It is called through py4j with a Python ``Callable``; py4j runs the callback's
-own Spark calls on the calling JVM thread, so the thread-local is visible to the MERGE's commit.
+``MERGE INTO`` is SQL, which has no such option, so the statement runs with the keys in Iceberg's
+``CommitMetadata`` thread-local, which Iceberg's Spark writer adds to the commit's summary
+(:func:`run_with_commit_properties`).
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
-from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -23,6 +20,9 @@ from lakehouse_assets.batches.staged_format import DELETE, OPERATION_COLUMN
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.commit.recovery import MAIN_BRANCH
 from lakehouse_assets.jvm.spark_jvm import jvm as spark_jvm
+
+COMMIT_PROPERTIES_FIELD = "COMMIT_PROPERTIES"
+"""The thread-local of Iceberg's ``CommitMetadata`` that its Spark writes read a commit's summary from."""
 
 
 @dataclass(frozen=True)
@@ -103,34 +103,30 @@ def count_changes(
     return ChangeCounts(row["inserted"], row["updated"], row["deleted"], row["stale"])
 
 
-class _SqlStatement:
-    """A ``java.util.concurrent.Callable`` that runs one SQL statement on a session."""
-
-    def __init__(self, spark: SparkSession, statement: str) -> None:
-        self.spark = spark
-        self.statement = statement
-
-    def call(self) -> None:
-        self.spark.sql(self.statement)
-
-    class Java:
-        implements = ["java.util.concurrent.Callable"]
-
-
-_CALLBACK_SERVER_START = threading.Lock()
-
-
 def run_with_commit_properties(spark: SparkSession, statement: str, properties: dict[str, str]) -> None:
-    """Run one SQL statement whose Iceberg commit carries ``properties`` in its snapshot summary."""
+    """Run one SQL statement whose Iceberg commit carries ``properties`` in its snapshot summary.
+
+    Iceberg's way is ``CommitMetadata.withCommitProperties(properties, callable)``, which holds
+    the properties in a thread-local while it calls the statement. From Python that callable is a
+    py4j callback, which needs a callback server the JVM connects back to, one per JVM: a second
+    process attached to the same JVM takes it over, and once that process is gone no commit of
+    the first can call back. So this sets the thread-local itself, on this thread's JVM thread
+    (PySpark pins each Python thread to one), runs the statement, and clears it, as the method does.
+    """
     jvm = spark_jvm(spark)
-    with _CALLBACK_SERVER_START:  # PySpark's start is not thread-safe; tables commit concurrently
-        ensure_callback_server_started(spark.sparkContext._gateway)
     java_properties = jvm.java.util.HashMap()
     for key, value in properties.items():
         java_properties.put(key, value)
-    jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(
-        java_properties, _SqlStatement(spark, statement), jvm.java.lang.Class.forName("java.lang.Exception")
+    holder = jvm.java.lang.Class.forName("org.apache.iceberg.spark.CommitMetadata").getDeclaredField(
+        COMMIT_PROPERTIES_FIELD
     )
+    holder.setAccessible(True)
+    commit_properties = holder.get(None)
+    commit_properties.set(java_properties)
+    try:
+        spark.sql(statement)
+    finally:
+        commit_properties.remove()
 
 
 def merge_changes(

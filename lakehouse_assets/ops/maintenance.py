@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import landing_dir, list_landing_files
+from lakehouse_assets.catalog.catalogs import S3_SCHEMES
 from lakehouse_assets.catalog.conditional_commits import set_property_if_unchanged
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.commit.branches import audit_state, sync_audit_branch
@@ -203,12 +204,16 @@ def remove_orphan_files(spark: SparkSession, identifier: str, older_than_seconds
     """
     jvm, session = spark_jvm(spark), spark._jsparkSession
     java_table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(session, qualified_name(identifier))
-    result = (
+    action = (
         jvm.org.apache.iceberg.spark.actions.SparkActions.get(session)
         .deleteOrphanFiles(java_table)
         .olderThan(now_ms - int(older_than_seconds * 1000))
-        .execute()
     )
+    if str(java_table.location()).startswith(S3_SCHEMES):
+        # The action lists through Hadoop's file systems unless told to list through the table's
+        # FileIO, and Spark has no Hadoop file system for s3:// (S3FileIO is the table's).
+        action = action.usePrefixListing(True)
+    result = action.execute()
     removed = [str(location) for location in result.orphanFileLocations()]
     return {"orphan_files_removed": len(removed), "examples": removed[:5]}
 

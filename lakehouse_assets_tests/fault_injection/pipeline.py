@@ -204,18 +204,14 @@ def start_pipeline_process(
 
 
 @contextmanager
-def lakehouse_paused_at(
-    point: str, work: Path, arguments: tuple[str, ...] = RUN_UNTIL_IDLE, cold: bool = False
-) -> Iterator[Path]:
-    """``lakehouse <arguments>`` (the pipeline unless told) started (``cold``: with a JVM of its
-    own) and held at fault point ``point`` while the block runs, then released; the block gets the
-    process's log, and the process must end successfully."""
+def lakehouse_paused_at(point: str, work: Path, arguments: tuple[str, ...] = RUN_UNTIL_IDLE) -> Iterator[Path]:
+    """``lakehouse <arguments>`` (the pipeline unless told) started and held at fault point
+    ``point`` while the block runs, then released; the block gets the process's log, and the
+    process must end successfully."""
     pauses = work / "pauses"
     pauses.mkdir(parents=True, exist_ok=True)
     log = work / "paused-process.log"
-    paused = start_lakehouse_process(
-        list(arguments), {faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, log, cold
-    )
+    paused = start_lakehouse_process(list(arguments), {faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, log)
     deadline = time.monotonic() + faults.PAUSE_TIMEOUT_SECONDS
     while not (pauses / f"{point}.paused").exists():
         assert time.monotonic() < deadline and paused.poll() is None, (
