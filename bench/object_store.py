@@ -15,6 +15,7 @@ JIT warm-up) is left out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -54,7 +55,7 @@ class CountingProxy:
             threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
 
     def _pipe(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
-        with source, sink:
+        with source, sink, contextlib.suppress(OSError):  # a server stopping resets its connections
             while chunk := source.recv(65536):
                 if counted:
                     with self._lock:
