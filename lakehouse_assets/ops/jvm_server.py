@@ -13,8 +13,11 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.jvm.connectors import fetch_jars
@@ -47,6 +50,10 @@ class JvmServer:
     @property
     def log_file(self) -> Path:
         return self.directory / "server.log"
+
+    def start(self) -> None:
+        """Start the server and wait until it listens (each server's own command, by ``launch``)."""
+        raise NotImplementedError
 
     def java(self, main_class: str) -> list[str]:
         """The command line of ``main_class`` on this server's jars."""
@@ -92,3 +99,16 @@ class JvmServer:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+Server = TypeVar("Server", bound="JvmServer")
+
+
+@contextmanager
+def running(server: Server) -> Iterator[Server]:
+    """``server`` started, and stopped when the block ends."""
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

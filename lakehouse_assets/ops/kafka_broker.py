@@ -19,7 +19,7 @@ from pathlib import Path
 
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.jvm.connectors import KAFKA_BROKER
-from lakehouse_assets.ops.jvm_server import JvmServer, free_port
+from lakehouse_assets.ops.jvm_server import JvmServer, free_port, running
 
 __all__ = ["LocalBroker", "free_port", "local_broker"]
 
@@ -85,9 +85,5 @@ class LocalBroker(JvmServer):
 @contextmanager
 def local_broker(directory: Path) -> Iterator[LocalBroker]:
     """A running local broker with its log in ``directory``, stopped at the end."""
-    broker = LocalBroker.at(directory)
-    broker.start()
-    try:
+    with running(LocalBroker.at(directory)) as broker:
         yield broker
-    finally:
-        broker.stop()

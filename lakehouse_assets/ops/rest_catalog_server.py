@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakehouse_assets.jvm.connectors import REST_CATALOG_SERVER, S3_COMPATIBLE_ENV
-from lakehouse_assets.ops.jvm_server import JvmServer, free_port
+from lakehouse_assets.ops.jvm_server import JvmServer, free_port, running
 from lakehouse_assets.ops.s3_server import REGION, LocalS3Server
 
 
@@ -66,9 +66,5 @@ class LocalRestCatalog(JvmServer):
 @contextmanager
 def local_rest_catalog(directory: Path, store: LocalS3Server, warehouse: str) -> Iterator[LocalRestCatalog]:
     """A running local REST catalog over ``warehouse`` on ``store``, stopped at the end."""
-    catalog = LocalRestCatalog.at(directory, store, warehouse)
-    catalog.start()
-    try:
+    with running(LocalRestCatalog.at(directory, store, warehouse)) as catalog:
         yield catalog
-    finally:
-        catalog.stop()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lakehouse_assets.jvm.connectors import S3_SERVER
-from lakehouse_assets.ops.jvm_server import JvmServer, free_port
+from lakehouse_assets.ops.jvm_server import JvmServer, free_port, running
 
 REGION = "us-east-1"
 
@@ -84,9 +84,5 @@ class LocalS3Server(JvmServer):
 @contextmanager
 def local_s3_server(directory: Path) -> Iterator[LocalS3Server]:
     """A running local store keeping its objects under ``directory``, stopped at the end."""
-    server = LocalS3Server.at(directory)
-    server.start()
-    try:
+    with running(LocalS3Server.at(directory)) as server:
         yield server
-    finally:
-        server.stop()

@@ -105,6 +105,9 @@ def _table_problems(lake: Lakehouse, identifier: str) -> list[str]:
     return problems
 
 
+FAULT_PIPELINE_TABLES = ("sales.orders", "crm.customers")
+
+
 def invariant_violations(lake: Lakehouse) -> list[str]:
     """Every violated invariant, described; empty when the pipeline did exactly-once."""
     read_storage_of(lake.config.catalog)
@@ -157,3 +160,12 @@ def each_batch_committed_once(lake: Lakehouse, identifier: str) -> bool:
         for sequence in range(commit.first_sequence, commit.last_sequence + 1)
     ]
     return batches == sorted(set(batches))
+
+
+def assert_every_batch_once(lake: Lakehouse) -> None:
+    """The fault pipeline's tables against the landing oracle (DuckDB and PyIceberg), and each
+    batch once in each table and in its dead-letter table."""
+    assert invariant_violations(lake) == []
+    for identifier in FAULT_PIPELINE_TABLES:
+        assert each_batch_committed_once(lake, identifier), identifier
+        assert each_batch_committed_once(lake, dead_letter_identifier(identifier)), identifier

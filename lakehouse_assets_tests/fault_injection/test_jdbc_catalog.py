@@ -20,7 +20,6 @@ import yaml
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.commit.branches import audit_state
-from lakehouse_assets.commit.dead_letters import dead_letter_identifier
 from lakehouse_assets.commit.pass_branches import PASS_BRANCH_PREFIX
 from lakehouse_assets.engine.spark import DRIVER_MEMORY_ENV, ICEBERG_RUNTIME_JAR, MASTER_ENV
 from lakehouse_assets.engine.spark_host import call_on_host
@@ -28,7 +27,11 @@ from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import STORAGE_ROOT_ENV
 from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
-from lakehouse_assets_tests.fault_injection.invariants import each_batch_committed_once, invariant_violations
+from lakehouse_assets_tests.fault_injection.invariants import (
+    FAULT_PIPELINE_TABLES,
+    assert_every_batch_once,
+    invariant_violations,
+)
 from lakehouse_assets_tests.fault_injection.pipeline import (
     PIPELINE,
     lakehouse_paused_at,
@@ -47,7 +50,7 @@ FIRST_ROUND_DATABASE = "lakehouse_first_round"
 PASSWORD_ENV = "LAKEHOUSE_TEST_CATALOG_PASSWORD"
 # Trust authentication ignores it; it stands for a secret that must reach no file and no log.
 PASSWORD = "not-for-logs-7f3a9c"
-TABLES = ("sales.orders", "crm.customers")
+TABLES = FAULT_PIPELINE_TABLES
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -121,15 +124,6 @@ def _files_containing(root: Path, needle: str) -> list[Path]:
         if path.is_file() and needle.encode() in path.read_bytes():
             found.append(path)
     return found
-
-
-def assert_every_batch_once(lake: Lakehouse) -> None:
-    """The tables against the landing oracle (DuckDB and PyIceberg), and each batch once in each
-    table and in its dead-letter table."""
-    assert invariant_violations(lake) == []
-    for identifier in TABLES:
-        assert each_batch_committed_once(lake, identifier), identifier
-        assert each_batch_committed_once(lake, dead_letter_identifier(identifier)), identifier
 
 
 def test_both_pipelines_commit_exactly_once_and_pass_their_checks(lake, postgres):

@@ -21,14 +21,17 @@ import yaml
 from pyiceberg.catalog import Catalog, load_catalog
 
 from lakehouse_assets import faults
-from lakehouse_assets.commit.dead_letters import dead_letter_identifier
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.rest_catalog_server import LocalRestCatalog
 from lakehouse_assets.ops.s3_server import LocalS3Server
 from lakehouse_assets.paths import STORAGE_ROOT_ENV
 from lakehouse_assets_tests.conftest import OBJECT_STORE_BUCKET
 from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
-from lakehouse_assets_tests.fault_injection.invariants import each_batch_committed_once, invariant_violations
+from lakehouse_assets_tests.fault_injection.invariants import (
+    FAULT_PIPELINE_TABLES,
+    assert_every_batch_once,
+    invariant_violations,
+)
 from lakehouse_assets_tests.fault_injection.pipeline import (
     PIPELINE,
     RUN_UNTIL_IDLE,
@@ -42,7 +45,7 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
 
 pytestmark = pytest.mark.spark
 
-TABLES = ("sales.orders", "crm.customers")
+TABLES = FAULT_PIPELINE_TABLES
 SECRET_ENV = "LAKEHOUSE_TEST_S3_SECRET"
 STORE_DOWN_SECONDS = 8
 
@@ -118,15 +121,6 @@ def lakehouse_home(
     home = restored_first_round(object_store_first_round[0], monkeypatch)
     monkeypatch.setenv(SECRET_ENV, s3_server.secret_access_key)
     return home
-
-
-def assert_every_batch_once(lake: Lakehouse) -> None:
-    """The tables against the landing oracle (DuckDB and PyIceberg reading the objects), and each
-    batch once in each table and in its dead-letter table."""
-    assert invariant_violations(lake) == []
-    for identifier in TABLES:
-        assert each_batch_committed_once(lake, identifier), identifier
-        assert each_batch_committed_once(lake, dead_letter_identifier(identifier)), identifier
 
 
 def test_the_pipeline_commits_to_the_object_store_exactly_once_and_keeps_its_secret(lake, s3_server):
