@@ -1,8 +1,9 @@
 """How a table's committer pass shows in Dagster, the one way for every run that commits (a commit
-group's committer, single or routed, and a router's run for tables new to the loaded definitions):
-``report_commit``. Its commits become materializations of the table with Dagster's standard table
-metadata, its checks evaluations on the snapshot it committed, what each stream waits on goes to
-the log with the days it completed, and a failure is the table's in ``CommitFailures``."""
+group's committer, single or routed, a router's run for tables new to the loaded definitions, and
+the audited table's publish): ``report_commit``. Its commits become materializations of the table
+with Dagster's standard table metadata, its checks evaluations on the snapshot it committed, what
+each stream waits on goes to the log with the days it completed, and a failure is the table's in
+``CommitFailures``."""
 
 from collections.abc import Iterator
 from datetime import date, timedelta
@@ -16,6 +17,7 @@ from lakehouse_assets.commit.branches import AuditState
 from lakehouse_assets.commit.committer import CommitOutcome, CommitResult
 from lakehouse_assets.commit.completeness import complete_days, table_watermark
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
+from lakehouse_assets.commit.publishing import PublishResult
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH, table_history
 from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
@@ -112,14 +114,16 @@ def report_commit(
     table: str,
     streams: list[StreamSpec],
     table_checks: list[TableCheck],
-    outcome: CommitOutcome | Exception,
+    outcome: CommitOutcome | PublishResult | Exception,
     failures: CommitFailures,
 ) -> Iterator[dg.MaterializeResult]:
     """Report one table's committer pass: yields the materialization of its last commit (or of the
     audited snapshot it reports again), logs the commits before it, and evaluates the table's
-    checks on what it reports (but those the run has a step for). A failed commit, a sequence gap
-    or a failed blocking check goes to ``failures``. A run whose own asset is not the table
-    (a router's run) logs the yielded result as an ``AssetMaterialization``."""
+    checks on what it reports (but those the run has a step for). A publish (main moved to the
+    audited snapshot, whose checks passed before) yields the materialization of the table's
+    published asset. A failed commit, a sequence gap or a failed blocking check goes to
+    ``failures``. A run whose own asset is not the table (a router's run) logs the yielded result
+    as an ``AssetMaterialization``."""
     key = names.table_key(table)
     if isinstance(outcome, SequenceGapError):
         # A gap must be loud: it fails the run, and the sequence check where the UI shows it.
@@ -133,6 +137,9 @@ def report_commit(
     if isinstance(outcome, Exception):
         context.log.error(f"{table}: commit failed: {describe_error(outcome)}")
         failures.add(table, outcome, outcome)
+        return
+    if isinstance(outcome, PublishResult):
+        yield _published(context, lakehouse, table, streams, outcome)
         return
     _log_commit_pass(context, lakehouse, table, streams, outcome)
     if outcome.awaiting_publish:
@@ -239,6 +246,30 @@ def _awaiting_publish(
     } | standard_table_metadata(table_identifier, table, streams)
     target = CheckTarget(checks.CommittedSnapshot(location, audited, lakehouse.lake().file_io_properties), ranges)
     return dg.MaterializeResult(asset_key=names.table_key(table_identifier), metadata=metadata), target
+
+
+def _published(
+    context: dg.AssetExecutionContext,
+    lakehouse: LakehouseResource,
+    table_identifier: str,
+    streams: list[StreamSpec],
+    result: PublishResult,
+) -> dg.MaterializeResult:
+    """Main moved to the audited snapshot: the published asset's materialization, with what moved
+    it and the table's figures as main has them."""
+    context.log.info(
+        f"{table_identifier}: main moved from {result.previous_snapshot_id} to {result.snapshot_id} "
+        f"(batches {result.batch_ranges})"
+    )
+    main = lakehouse.lake().table(table_identifier)
+    metadata = {
+        "snapshot_id": str(result.snapshot_id),
+        "previous_snapshot_id": str(result.previous_snapshot_id or ""),
+        "published_batches": dg.JsonMetadataValue(result.batch_ranges),
+        "dead_letters": result.dead_letters,
+        "publish_latency_seconds": round(result.publish_latency_seconds, 3),
+    } | standard_table_metadata(table_identifier, main, streams)
+    return dg.MaterializeResult(asset_key=names.published_key(table_identifier), metadata=metadata)
 
 
 def _evaluate_checks(

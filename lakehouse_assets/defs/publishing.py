@@ -10,12 +10,12 @@ that was not checked.
 
 import dagster as dg
 
-from lakehouse_assets.commit.publishing import discard_audited, publish_table
+from lakehouse_assets.commit.publishing import PublishResult, discard_audited, publish_table
 from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.check_status import checks_not_passed
 from lakehouse_assets.defs.checks import checked_target
-from lakehouse_assets.defs.commit_reports import standard_table_metadata
+from lakehouse_assets.defs.commit_reports import CommitFailures, report_commit
 from lakehouse_assets.defs.resources import LakehouseResource, SparkResource
 from lakehouse_assets.errors import DiscardRefusedError, FencedError, PublishRefusedError, TableMovedError
 
@@ -50,30 +50,19 @@ def published_asset(table_identifier: str, streams: list[StreamSpec]) -> dg.Asse
                 ),
                 metadata={"snapshot_id": str(snapshot.snapshot_id), "checks": dg.JsonMetadataValue(not_passed)},
             )
+        failures = CommitFailures()
+        outcome: PublishResult | Exception | None
         try:
-            result = spark.run(
+            outcome = spark.run(
                 lakehouse.lake(), publish_table, table_identifier, snapshot.snapshot_id, context.run.run_id
             )
         except (PublishRefusedError, FencedError, TableMovedError) as refused:
-            raise dg.Failure(description=str(refused)) from None
-        if result is None:
+            outcome = refused
+        if outcome is None:
             context.log.info(f"{table_identifier}: main already has snapshot {snapshot.snapshot_id}")
             return
-        context.log.info(
-            f"{table_identifier}: main moved from {result.previous_snapshot_id} to {result.snapshot_id} "
-            f"(batches {result.batch_ranges})"
-        )
-        main = lakehouse.lake().table(table_identifier)
-        yield dg.MaterializeResult(
-            metadata={
-                "snapshot_id": str(result.snapshot_id),
-                "previous_snapshot_id": str(result.previous_snapshot_id or ""),
-                "published_batches": dg.JsonMetadataValue(result.batch_ranges),
-                "dead_letters": result.dead_letters,
-                "publish_latency_seconds": round(result.publish_latency_seconds, 3),
-            }
-            | standard_table_metadata(table_identifier, main, streams)
-        )
+        yield from report_commit(context, lakehouse, table_identifier, streams, [], outcome, failures)
+        failures.raise_any()
 
     return published
 
