@@ -48,6 +48,8 @@ PUBLISH_AFTER_FAST_FORWARD = "publish.after_fast_forward"
 DISCARD_AFTER_UNSTAGING = "discard.after_unstaging_before_reset"
 LEDGER_AFTER_DIRECTORY = "ledger.after_directory_before_batch"
 REPLAY_AFTER_SELECTING = "replay.after_selecting_before_landing"
+# A Kafka batch's writer: its range checked against the partitions' first offsets, not read yet.
+KAFKA_BEFORE_READ = "kafka.before_read"
 # A change batch's row delta (``commit/row_deltas.py``): its delete files written, not committed;
 # committed, the key index not updated; and the key index's own updates.
 ROW_DELTA_AFTER_DELETE_FILES = "row_delta.after_delete_files_before_commit"

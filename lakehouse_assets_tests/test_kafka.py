@@ -16,7 +16,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from lakehouse_assets import faults
@@ -32,9 +32,11 @@ from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import write_config
 from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse as run_pipeline_command
-from lakehouse_assets_tests.fault_injection.pipeline import run_pipeline
+from lakehouse_assets_tests.fault_injection.pipeline import run_pipeline, start_paused_at
 
 pytestmark = pytest.mark.spark
+
+BROKER_DOWN_SECONDS = 8
 
 TICKS_COLUMNS = [
     {"name": "id", "type": "long", "required": True},
@@ -47,10 +49,20 @@ TICKS_COLUMNS = [
 METADATA = {"kafka_partition": "partition", "kafka_offset": "offset", "kafka_key": "key", "kafka_headers": "headers"}
 
 
-def _topic(broker: LocalBroker, partitions: int) -> str:
+# A topic the broker compacts as soon as it can: a segment rolls on the first record 100 ms after
+# the segment's first, and the log cleaner compacts every closed segment.
+COMPACTED = {
+    "cleanup.policy": "compact",
+    "segment.ms": "100",
+    "min.cleanable.dirty.ratio": "0.001",
+    "min.compaction.lag.ms": "0",
+}
+
+
+def _topic(broker: LocalBroker, partitions: int, settings: dict[str, str] | None = None) -> str:
     name = f"t-{uuid.uuid4().hex[:10]}"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-    admin.create_topics([NewTopic(name, partitions, 1)])[name].result()
+    admin.create_topics([NewTopic(name, partitions, 1, config=settings or {})])[name].result()
     return name
 
 
@@ -61,19 +73,22 @@ def _producer(broker: LocalBroker, transactional: str | None = None) -> Producer
     return Producer(settings)
 
 
-def _produce(producer: Producer, topic: str, records: list[tuple[int, bytes | None]]) -> None:
-    """Produce ``records`` (partition, value) and wait until the broker acknowledged every one."""
+def _produce(
+    producer: Producer, topic: str, records: list[tuple[int, bytes | None]], keys: list[bytes] | None = None
+) -> None:
+    """Produce ``records`` (partition, value), keyed by ``keys`` (else ``k<partition>``), and wait
+    until the broker acknowledged every one."""
     failures: list[str] = []
 
     def delivered(error, _message) -> None:
         if error is not None:
             failures.append(str(error))
 
-    for partition, value in records:
+    for index, (partition, value) in enumerate(records):
         producer.produce(
             topic,
             value,
-            key=f"k{partition}".encode(),
+            key=keys[index] if keys else f"k{partition}".encode(),
             partition=partition,
             headers=[("origin", b"test")],
             on_delivery=delivered,
@@ -124,12 +139,18 @@ def _committed_offsets(lake: Lakehouse, identifier: str) -> dict[str, int]:
     return json.loads(summary[summary_keys.KAFKA_OFFSETS])
 
 
-def _end_offsets(broker: LocalBroker, topic: str, partitions: int) -> dict[str, int]:
-    from confluent_kafka import Consumer
+def _oracle_consumer(broker: LocalBroker) -> Consumer:
+    settings = {
+        "bootstrap.servers": broker.bootstrap_servers,
+        "group.id": "oracle",
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+    }
+    return Consumer(settings)
 
-    consumer = Consumer(
-        {"bootstrap.servers": broker.bootstrap_servers, "group.id": "oracle", "isolation.level": "read_committed"}
-    )
+
+def _end_offsets(broker: LocalBroker, topic: str, partitions: int) -> dict[str, int]:
+    consumer = _oracle_consumer(broker)
     try:
         return {
             f"{topic}/{p}": consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
@@ -137,6 +158,27 @@ def _end_offsets(broker: LocalBroker, topic: str, partitions: int) -> dict[str, 
         }
     finally:
         consumer.close()
+
+
+def _topic_ids(broker: LocalBroker, topic: str, partitions: int) -> list[int]:
+    """The ``id`` of every record the topic holds now, read from its first offset to its end."""
+    ends = _end_offsets(broker, topic, partitions)
+    consumer = _oracle_consumer(broker)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    reached = {name: 0 for name in ends}
+    ids = []
+    deadline = time.monotonic() + 60
+    try:
+        while any(reached[name] < ends[name] - 1 for name in ends):
+            assert time.monotonic() < deadline, f"could not read {topic} to its end offsets {ends}"
+            message = consumer.poll(1)
+            if message is None or message.error() is not None:
+                continue
+            reached[f"{topic}/{message.partition()}"] = message.offset()
+            ids.append(json.loads(message.value())["id"])
+    finally:
+        consumer.close()
+    return sorted(ids)
 
 
 def test_a_topic_lands_once_with_its_offsets_in_the_table_and_new_partitions_join(
@@ -333,3 +375,55 @@ def test_dead_letters_of_a_kafka_stream_replay_once_after_a_fix(tmp_path, monkey
     assert _rows(lake, "market.ticks", "id, price") == [(1, -2.5), (4, 1.0)]
     assert _rows(lake, "market.ticks_dead_letters", "count(*)") == [(0,)]
     assert _committed_offsets(lake, "market.ticks") == _end_offsets(kafka_broker, topic, 2)
+
+
+def test_a_compacted_topic_lands_what_compaction_kept_and_its_gaps_stall_nothing(
+    tmp_path, monkeypatch, kafka_broker, instance
+):
+    topic = _topic(kafka_broker, 2, COMPACTED)
+    lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, _ticks_stream(kafka_broker, topic))
+    producer = _producer(kafka_broker)
+    # Ten keys per partition, each written 20 times; then, after the segment's age, one record per
+    # partition that rolls it, so the cleaner compacts the closed segment to each key's last value.
+    updates = [(i % 2, _tick(i)) for i in range(400)]
+    _produce(producer, topic, updates, [f"key-{i % 20}".encode() for i in range(400)])
+    time.sleep(0.5)
+    _produce(producer, topic, [(0, _tick(1000)), (1, _tick(1001))], [b"roll-0", b"roll-1"])
+    kept = sorted([*range(380, 400), 1000, 1001])  # each key's last value, and the rolls
+    deadline = time.monotonic() + 60
+    while (found := _topic_ids(kafka_broker, topic, 2)) != kept:
+        assert time.monotonic() < deadline, f"the broker never compacted {topic}: {len(found)} records"
+        time.sleep(0.5)
+
+    report = run_until_idle(build_definitions(lake.config), instance, log=lambda _: None)
+
+    # The offsets compaction removed are gaps, not lost records: no failure, no dead letter.
+    assert report.failed == []
+    assert [row[0] for row in _rows(lake, "market.ticks", "id")] == kept
+    assert lake.table("market.ticks_dead_letters") is None
+    assert _committed_offsets(lake, "market.ticks") == _end_offsets(kafka_broker, topic, 2)
+    assert kafka_progress(lake, lake.stream("ticks")).lag == 0
+
+
+def test_the_broker_killed_as_a_batch_is_read_loses_and_duplicates_nothing(
+    tmp_path, monkeypatch, kafka_broker, instance
+):
+    topic = _topic(kafka_broker, 3)
+    lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, _ticks_stream(kafka_broker, topic))
+    _produce(_producer(kafka_broker), topic, [(i % 3, _tick(i)) for i in range(300)])
+    # A real pipeline process cuts the batch, checks its range and stops just before Spark reads it.
+    paused = start_paused_at(faults.KAFKA_BEFORE_READ, tmp_path)
+
+    # The broker dies (SIGKILL) as the read starts and comes back BROKER_DOWN_SECONDS later.
+    kafka_broker.stop(kill=True)
+    paused.release()
+    time.sleep(BROKER_DOWN_SECONDS)
+    kafka_broker.start()
+    rode_through = paused.process.wait(timeout=600)
+
+    # Whether that run rode the outage through or failed, the next run leaves every record once.
+    drained = run_pipeline_command(["run", "--until-idle"])
+    assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:] + paused.log.read_text()[-3000:]
+    assert [row[0] for row in _rows(lake, "market.ticks", "id")] == list(range(300))
+    assert _committed_offsets(lake, "market.ticks") == _end_offsets(kafka_broker, topic, 3)
+    assert rode_through == 0, paused.log.read_text()[-3000:]

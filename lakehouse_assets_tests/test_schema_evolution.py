@@ -1,5 +1,6 @@
 """Schema evolution through the real pipeline: new fields become columns before their batch
-commits, the first type wins, every change is recorded, and a crash mid-change loses nothing."""
+commits, values that outgrow their column's type promote it as Iceberg allows, otherwise the first
+type wins, every change is recorded, and a crash mid-change loses nothing."""
 
 import json
 import signal
@@ -19,6 +20,7 @@ from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import write_config
 from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse
@@ -139,3 +141,100 @@ def test_a_crash_after_the_schema_change_before_the_commit_loses_nothing(evolvin
     assert _rows(lake, "id", "kind", "score") == [(1, "a", 2.5)]
     summary = lake.table("web.events").current_snapshot().summary.additional_properties
     assert json.loads(summary[summary_keys.SCHEMA_CHANGE]) == {"score": "double"}
+
+
+NARROW_COLUMNS = [
+    {"name": "id", "type": "long", "required": True},
+    {"name": "count", "type": "int"},
+    {"name": "ratio", "type": "float"},
+    {"name": "amount", "type": "decimal(6,2)"},
+    {"name": "point", "type": "struct<x: int>"},
+]
+NARROW = {**EVOLVING, "schema": {"columns": NARROW_COLUMNS}}
+
+
+def _duck_rows(lake, columns: str, identifier: str = "web.events") -> list[tuple]:
+    """The table's rows as DuckDB reads its committed snapshot."""
+    table = lake.require_table(identifier)
+    location = lake.metadata_location(identifier)
+    query = f"SELECT {columns} FROM {scan(location, table.current_snapshot().snapshot_id)} ORDER BY ALL"
+    return iceberg_connection().sql(query).fetchall()
+
+
+def test_values_that_outgrow_their_types_promote_the_columns_with_every_value_intact(
+    lakehouse_home, tmp_path, monkeypatch, paths, instance
+):
+    write_config(tmp_path, {"streams": [NARROW]}, monkeypatch)
+    config = load_config()
+    lake = Lakehouse(config, paths)
+    stream = config.stream("events")
+    land_events(paths, stream, [json.dumps({"id": 1, "count": 7, "ratio": 0.5, "amount": 12.34, "point": {"x": 1}})])
+    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+    assert _columns(lake) == {
+        "id": "long",
+        "count": "int",
+        "ratio": "float",
+        "amount": "decimal(6,2)",
+        "point": "struct<x: int>",
+    }
+
+    # Each value needs the wider type Iceberg promotes its column to; one value no promotion holds.
+    outgrown = {"id": 2, "count": 3_000_000_000, "ratio": 1e300, "amount": 123456.78, "point": {"x": 5_000_000_000}}
+    land_events(paths, stream, [json.dumps(outgrown), json.dumps({"id": 3, "count": "many", "amount": 1.5})])
+    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+
+    assert _columns(lake) == {
+        "id": "long",
+        "count": "long",
+        "ratio": "double",
+        "amount": "decimal(8,2)",
+        "point": "struct<x: long>",
+    }
+    assert _duck_rows(lake, "id, count, ratio, amount::VARCHAR, point.x") == [
+        (1, 7, 0.5, "12.34", 1),
+        (2, 3_000_000_000, 1e300, "123456.78", 5_000_000_000),
+        (3, None, None, "1.50", None),
+    ]
+    summary = lake.table("web.events").current_snapshot().summary.additional_properties
+    promoted = {"amount": "decimal(8,2)", "count": "long", "point.x": "long", "ratio": "double"}
+    assert json.loads(summary[summary_keys.SCHEMA_CHANGE]) == promoted
+    key = names.table_key("web.events")
+    materialization = instance.get_latest_materialization_event(key).asset_materialization
+    assert materialization.metadata["schema_change"].value == promoted
+    # The declared types were promoted, not broken: the schema check passes.
+    check = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, names.SCHEMA_CHECK))
+    assert check.status.value == "SUCCEEDED"
+
+
+def test_batches_staged_apart_promote_a_decimal_to_the_widest_precision_any_needs(
+    lakehouse_home, tmp_path, monkeypatch, paths
+):
+    write_config(tmp_path, {"streams": [NARROW]}, monkeypatch)
+    config = load_config()
+    lake = Lakehouse(config, paths)
+    spark = lakehouse_session(lake)
+    stream = config.stream("events")
+    for events in ([{"id": 1, "amount": 1.25}], [{"id": 2, "amount": 123456.78}], [{"id": 3, "amount": 12345678.9}]):
+        land_events(paths, stream, [json.dumps(event) for event in events])
+        batch, _ = mint_next_batch(lake, stream, drain=True)
+        stage_batch(spark, lake, stream, batch.sequence)
+
+    commit_table(spark, lake, "web.events", "test")
+
+    assert _columns(lake)["amount"] == "decimal(10,2)"
+    assert _duck_rows(lake, "id, amount::VARCHAR") == [(1, "1.25"), (2, "123456.78"), (3, "12345678.90")]
+
+
+def test_a_float_beyond_its_range_is_null_never_infinity_without_schema_evolution(
+    lakehouse_home, tmp_path, monkeypatch, paths, instance
+):
+    write_config(tmp_path, {"streams": [{**NARROW, "schema_evolution": False}]}, monkeypatch)
+    config = load_config()
+    lake = Lakehouse(config, paths)
+    ratios = [1e300, -1e39, 2.5, "1e300"]
+    land_events(paths, config.stream("events"), [json.dumps({"id": i, "ratio": r}) for i, r in enumerate(ratios)])
+
+    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+
+    assert _columns(lake)["ratio"] == "float"
+    assert _duck_rows(lake, "id, ratio") == [(0, None), (1, None), (2, 2.5), (3, None)]

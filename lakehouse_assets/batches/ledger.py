@@ -79,7 +79,8 @@ class StagedBatch:
     run_id: str | None = None
     deletes: int = 0
     new_columns: dict[str, str] = field(default_factory=dict)
-    """Columns the batch's events have and the table lacked (schema evolution), with their types."""
+    """Columns the batch's events have and the table lacked, or held in a type too narrow for
+    their values (schema evolution), with the types they need."""
     routes: dict[str, int] = field(default_factory=dict)
     """A router's batch: the events it routed to each table."""
     staged_snapshot: int | None = None

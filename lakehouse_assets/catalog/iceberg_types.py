@@ -250,3 +250,37 @@ def iceberg_type_name(iceberg_type: types.IcebergType) -> str:
     if isinstance(iceberg_type, types.MapType):
         return f"map<{iceberg_type_name(iceberg_type.key_type)}, {iceberg_type_name(iceberg_type.value_type)}>"
     return str(iceberg_type).replace(", ", ",")
+
+
+PROMOTIONS = {("int", "long"), ("float", "double")}
+
+
+def widens(narrow: IcebergType, wide: IcebergType) -> bool:
+    """Whether Iceberg's schema evolution changes a column of type ``narrow`` to ``wide`` in place
+    (the spec's type promotions): int to long, float to double, decimal(P,S) to decimal(P',S) for
+    P' > P."""
+    if not (isinstance(narrow, Primitive) and isinstance(wide, Primitive)):
+        return False
+    if (narrow.name, wide.name) in PROMOTIONS:
+        return True
+    before, after = DECIMAL.match(narrow.name), DECIMAL.match(wide.name)
+    return bool(before and after and before.group(2) == after.group(2) and int(after.group(1)) > int(before.group(1)))
+
+
+def evolves_into(declared: IcebergType, actual: IcebergType) -> bool:
+    """Whether schema evolution can have made ``declared`` into ``actual``: the same type, a
+    promotion of it, or a struct with the declared fields so evolved, in order, and fields after
+    them (lists' elements and maps' values alike)."""
+    if declared == actual or widens(declared, actual):
+        return True
+    match declared, actual:
+        case Struct(declared_fields), Struct(actual_fields):
+            pairs = zip(declared_fields, actual_fields, strict=False)
+            return len(actual_fields) >= len(declared_fields) and all(
+                name == other and evolves_into(kind, other_kind) for (name, kind), (other, other_kind) in pairs
+            )
+        case ListOf(element), ListOf(other_element):
+            return evolves_into(element, other_element)
+        case MapOf(key, value), MapOf(other_key, other_value):
+            return key == other_key and evolves_into(value, other_value)
+    return False

@@ -42,6 +42,7 @@ from pyspark.sql.types import StructType
 from lakehouse_assets import faults
 from lakehouse_assets.batches.ledger import BatchRecord, CommittedBatch, StreamLedger
 from lakehouse_assets.batches.staged_rows import accepted_rows, read_staged
+from lakehouse_assets.catalog.iceberg_types import parse_type, widens
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.commit.branches import AuditState, audit_state, sync_audit_branch
@@ -64,8 +65,9 @@ from lakehouse_assets.commit.recovery import (
 from lakehouse_assets.commit.row_deltas import ChangeBatchDelta, uses_row_deltas
 from lakehouse_assets.commit.table_columns import (
     add_missing_columns,
-    columns_added_since_last_snapshot,
+    promote_narrower_columns,
     proposed_fields,
+    schema_changes_since_last_snapshot,
 )
 from lakehouse_assets.commit.table_writes import (
     ChangeCounts,
@@ -224,12 +226,21 @@ def _has_ready_batches(committer: CommitterPass, streams: list[StreamSpec]) -> b
 
 
 def _evolve_schema(committer: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> None:
-    """Add the columns the batches' events brought that the table still lacks (lock held)."""
+    """Add the columns the batches' events brought that the table still lacks, and widen those it
+    holds in a type too narrow for their values (lock held)."""
     proposed: dict[str, str] = {}
     for record in batches:
         for name, kind in proposed_fields(record.staged_batch.new_columns).items():
-            proposed.setdefault(name, kind)
-    if proposed and add_missing_columns(committer.spark, stream.table_identifier, proposed):
+            # The widest type any batch needs (a later batch may need more decimal digits).
+            if name not in proposed or widens(parse_type(proposed[name]), parse_type(kind)):
+                proposed[name] = kind
+    if not proposed:
+        return
+    added = add_missing_columns(committer.spark, stream.table_identifier, proposed)
+    if added:
+        committer.reread()
+    schema = _existing(committer).schema()
+    if promote_narrower_columns(committer.spark, stream.table_identifier, schema, proposed) or added:
         committer.reread()
         crash_point(faults.COMMITTER_AFTER_SCHEMA_CHANGE)
 
@@ -370,7 +381,7 @@ def _publish(
     ancestry shows it, record the bookkeeping, and describe the commit."""
     identifier = stream.table_identifier
     rows = counts.inserted + counts.updated
-    schema_change = columns_added_since_last_snapshot(_existing(committer), committer.branch)
+    schema_change = schema_changes_since_last_snapshot(_existing(committer), committer.branch)
     if schema_change:
         properties[summary_keys.SCHEMA_CHANGE] = json.dumps(schema_change)
         properties[summary_keys.SCHEMA_CHANGE_BATCHES] = json.dumps(_triggering_batches(schema_change, batches))

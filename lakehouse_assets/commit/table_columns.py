@@ -1,23 +1,32 @@
-"""New columns reaching the table: added under the table's lock before the batches that brought
-them commit, and recorded in the summary of the commit that first carries them. What a batch's
-events propose is found while staging (``ingest.schema_evolution``)."""
+"""New and promoted columns reaching the table: added, or widened as Iceberg allows, under the
+table's lock before the batches that brought them commit, and recorded in the summary of the
+commit that first carries them. What a batch's events propose is found while staging
+(``ingest.schema_evolution``)."""
 
 from __future__ import annotations
 
-from pyiceberg.schema import index_by_name
+from pyiceberg.schema import Schema, index_by_name
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from lakehouse_assets import faults
-from lakehouse_assets.catalog.iceberg_types import Struct, iceberg_type_name, parse_type, spark_ddl, type_name
+from lakehouse_assets.catalog.iceberg_types import (
+    Struct,
+    iceberg_type_name,
+    parse_type,
+    spark_ddl,
+    type_name,
+    widens,
+)
 from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.commit.recovery import MAIN_BRANCH, branch_head
 from lakehouse_assets.faults import crash_point
 
 
-def _has_field(struct: T.DataType, path: list[str]) -> bool | None:
-    """Whether the struct has the field at ``path`` (case-insensitively); None when its parent is missing."""
+def _field_type(struct: T.DataType, path: list[str]) -> T.DataType | bool | None:
+    """The type of the struct's field at ``path`` (case-insensitively); False when it is missing,
+    None when its parent is."""
     for depth, part in enumerate(path):
         if not isinstance(struct, T.StructType):
             return None
@@ -25,7 +34,13 @@ def _has_field(struct: T.DataType, path: list[str]) -> bool | None:
         if match is None:
             return False if depth == len(path) - 1 else None
         struct = match.dataType
-    return True
+    return struct
+
+
+def _has_field(struct: T.DataType, path: list[str]) -> bool | None:
+    """Whether the struct has the field at ``path`` (case-insensitively); None when its parent is missing."""
+    found = _field_type(struct, path)
+    return found if found is None or found is False else True
 
 
 def proposed_fields(columns: dict[str, str]) -> dict[str, str]:
@@ -71,18 +86,52 @@ def add_missing_columns(spark: SparkSession, table_identifier: str, columns: dic
     return added
 
 
-def columns_added_since_last_snapshot(table: Table, branch: str = MAIN_BRANCH) -> dict[str, str]:
+def promote_narrower_columns(
+    spark: SparkSession, table_identifier: str, schema: Schema, columns: dict[str, str]
+) -> dict[str, str]:
+    """Widen the columns and struct fields that ``schema`` (the table's, read holding its lock)
+    holds in a type ``columns`` promote (int to long, ...); returns those this call widened. One
+    that a committer on another host widened in the meantime counts as done."""
+    promoted: dict[str, str] = {}
+    for name, kind in columns.items():
+        try:
+            current = parse_type(iceberg_type_name(schema.find_type(name, case_sensitive=False)))
+        except ValueError:
+            continue  # not a column (added by add_missing_columns), or of a type no promotion reaches
+        wanted = parse_type(kind)
+        if not widens(current, wanted):
+            continue
+        column = ".".join(f"`{part}`" for part in name.split("."))
+        try:
+            spark.sql(f"ALTER TABLE {qualified_name(table_identifier)} ALTER COLUMN {column} TYPE {spark_ddl(wanted)}")
+        except Exception:  # noqa: BLE001 - Spark refuses a change that was made; decided below
+            # Another host widened it first; anything else is raised.
+            spark.catalog.refreshTable(qualified_name(table_identifier))
+            now = _field_type(spark.table(qualified_name(table_identifier)).schema, name.split("."))
+            if not isinstance(now, T.DataType) or now.simpleString() != spark_ddl(wanted):
+                raise
+            continue
+        promoted[name] = kind
+    return promoted
+
+
+def schema_changes_since_last_snapshot(table: Table, branch: str = MAIN_BRANCH) -> dict[str, str]:
     """Columns and struct fields of the table's current schema that the schema of the branch's
-    head (or, before the first snapshot, the schema it was created with) does not have;
-    a new struct is named once, not with each of its fields."""
+    head (or, before the first snapshot, the schema it was created with) does not have or has in
+    another type, with their types now; a new struct is named once, not with each of its fields."""
     snapshot = branch_head(table, branch)
     schema_id = snapshot.schema_id if snapshot is not None else table.metadata.schemas[0].schema_id
     before = next((s for s in table.metadata.schemas if s.schema_id == schema_id), None)
     known = set(index_by_name(before).values()) if before else set()
     schema = table.schema()
     added = {name: field_id for name, field_id in index_by_name(schema).items() if field_id not in known}
-    return {
+    changes = {
         name: iceberg_type_name(schema.find_type(field_id))
         for name, field_id in sorted(added.items())
         if name.rpartition(".")[0] not in added
     }
+    for name, field_id in sorted(index_by_name(schema).items()):
+        kind = schema.find_type(field_id)
+        if field_id in known and before is not None and kind.is_primitive and before.find_type(field_id) != kind:
+            changes[name] = iceberg_type_name(kind)
+    return changes

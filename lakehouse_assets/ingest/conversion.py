@@ -69,7 +69,7 @@ _TYPED = "_lakehouse_typed"
 CORRUPT_COLUMN = "_lakehouse_corrupt"
 """Set in the typed parse of an event that failed anywhere (Spark's ``columnNameOfCorruptRecord``)."""
 PARSE_OPTIONS = {"columnNameOfCorruptRecord": CORRUPT_COLUMN}
-# Types whose value from Spark's typed JSON parse, when it succeeds, is what ``_coerce`` makes of
+# Types whose value from Spark's typed JSON parse, when it succeeds, is what ``coerce_text`` makes of
 # the value's text (a JSON number or boolean of the type; anything else fails the typed parse).
 # Not float or decimal: their typed parse rounds differently from a cast of the text.
 TYPED_PARSE_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DoubleType, T.BooleanType)
@@ -123,7 +123,7 @@ def _from_base64(text: Column) -> Column:
     return F.when(text.rlike(BASE64_TEXT), F.unbase64(text))
 
 
-def _coerce(raw: Column, data_type: T.DataType, iceberg_type: str | None = None) -> Column:
+def coerce_text(raw: Column, data_type: T.DataType, iceberg_type: str | None = None) -> Column:
     """``raw`` (a JSON value's text) as ``data_type`` (``iceberg_type`` for uuid and fixed[N]), or
     NULL when it cannot be coerced."""
     if iceberg_type:
@@ -132,21 +132,23 @@ def _coerce(raw: Column, data_type: T.DataType, iceberg_type: str | None = None)
         # Each field from the object's member of the same name, coerced recursively.
         members = F.from_json(raw, _TEXT_FIELDS)  # type: ignore[arg-type]  # a map schema; the stubs omit it
         fields = [
-            _coerce(members.getItem(field.name), field.dataType, field.metadata.get(ICEBERG_TYPE)).alias(field.name)
+            coerce_text(members.getItem(field.name), field.dataType, field.metadata.get(ICEBERG_TYPE)).alias(field.name)
             for field in data_type
         ]
         return F.when(members.isNotNull(), F.struct(*fields))
     if isinstance(data_type, T.ArrayType):
-        return F.transform(F.from_json(raw, _TEXT_ELEMENTS), lambda element: _coerce(element, data_type.elementType))
+        return F.transform(
+            F.from_json(raw, _TEXT_ELEMENTS), lambda element: coerce_text(element, data_type.elementType)
+        )
     if isinstance(data_type, T.MapType):
         # A key that cannot be coerced drops its entry (a map key cannot be NULL); keys that
         # coerce alike keep the last value (spark.sql.mapKeyDedupPolicy, spark.py).
         members = F.map_filter(
             F.from_json(raw, _TEXT_FIELDS),  # type: ignore[arg-type]  # a map schema; the stubs omit it
-            lambda key, _: _coerce(key, data_type.keyType).isNotNull(),
+            lambda key, _: coerce_text(key, data_type.keyType).isNotNull(),
         )
-        coerced = F.transform_values(members, lambda _, value: _coerce(value, data_type.valueType))
-        return F.transform_keys(coerced, lambda key, _: _coerce(key, data_type.keyType))
+        coerced = F.transform_values(members, lambda _, value: coerce_text(value, data_type.valueType))
+        return F.transform_keys(coerced, lambda key, _: coerce_text(key, data_type.keyType))
     trimmed = F.trim(raw)
     if type(data_type) in INTEGER_BITS:
         # Integer text exactly (a fraction is truncated; out of range is NULL); other numbers through
@@ -165,7 +167,12 @@ def _coerce(raw: Column, data_type: T.DataType, iceberg_type: str | None = None)
         # parse keeps them; parsed as text they come back quoted (Jackson writes a non-numeric
         # number as a string), so they lose their quotes before the cast.
         non_numeric = trimmed.isin(*[f'"{token}"' for token in NON_NUMERIC_NUMBERS])
-        return F.when(non_numeric, F.translate(trimmed, '"', "")).otherwise(trimmed).cast(data_type)
+        number = F.when(non_numeric, F.translate(trimmed, '"', "")).otherwise(trimmed)
+        if isinstance(data_type, T.DoubleType):
+            return number.cast(data_type)
+        # A finite number beyond a float's range would be cast to infinity: NULL instead (schema
+        # evolution promotes the column to double for it).
+        return F.when(~float_overflows(number.cast("double")), number.cast(data_type))
     if isinstance(data_type, (T.TimestampType, T.TimestampNTZType)):
         millis = trimmed.cast("long")
         in_range = millis.between(MIN_EPOCH_MILLIS, MAX_EPOCH_MILLIS)
@@ -182,6 +189,12 @@ def _coerce(raw: Column, data_type: T.DataType, iceberg_type: str | None = None)
     if isinstance(data_type, T.BinaryType):
         return _from_base64(trimmed)
     return trimmed.cast(data_type)
+
+
+def float_overflows(number: Column) -> Column:
+    """Whether a double is finite and a float would make it infinity (beyond a float's range)."""
+    infinity = F.lit(float("inf"))
+    return (F.abs(number.cast("float")) == infinity) & (F.abs(number) != infinity)
 
 
 def _type_name(field: T.StructField) -> str:
@@ -323,9 +336,9 @@ def _converted(
 
     def value(field: T.StructField) -> Column:
         if _parsed_typed(field):
-            coerced = _coerce(F.col(_RAW).getField(field.name), field.dataType)
+            coerced = coerce_text(F.col(_RAW).getField(field.name), field.dataType)
             return F.when(_typed_parse_succeeded(), F.col(_TYPED).getField(field.name)).otherwise(coerced)
-        return _coerce(_field_text(field), field.dataType, field.metadata.get(ICEBERG_TYPE))
+        return coerce_text(_field_text(field), field.dataType, field.metadata.get(ICEBERG_TYPE))
 
     position = shape.source_position if shape.source_position is not None else F.lit(None)
     kept_position = [position.cast(field.dataType) for field in table_schema if field.name == SOURCE_POSITION_COLUMN]

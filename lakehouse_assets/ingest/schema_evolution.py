@@ -1,21 +1,25 @@
-"""Schema evolution (``schema_evolution: true``): new fields become optional columns, and new
-members of struct columns new optional struct fields.
+"""Schema evolution (``schema_evolution: true``): new fields become optional columns, new
+members of struct columns new optional struct fields, and columns whose values outgrow their type
+are promoted as Iceberg allows (int to long, float to double, decimal(P,S) to decimal(P',S)).
 
 The writer finds the batch's fields that the table lacks, infers each one's type from the first
-event that has a value for it (the inference rules), stages the batch with those columns, and
-records them in ``staged.json``. The committer, holding the table's commit lock, adds the columns
-that are still missing before it commits the batch (``commit.table_columns``): the first type
-committed wins, and a later batch's values are cast to it (NULL where they do not fit, as for any
-optional column). Columns are never dropped, renamed or retyped. The commit that follows a schema
-change records the added columns in ``lakehouse.schema-change``.
+event that has a value for it (the inference rules), finds the int, float and decimal columns and
+struct fields whose values need the wider type, stages the batch with those types, and records
+them in ``staged.json``. The committer, holding the table's commit lock, adds the columns that are
+still missing and promotes those still narrower before it commits the batch
+(``commit.table_columns``). A value no promotion holds (a fraction into a long, text into a
+number) is cast to the column's type, NULL where it does not fit, as for any optional column.
+Columns are never dropped or renamed. The commit that follows a schema change records the added
+and promoted columns, with their new types, in ``lakehouse.schema-change``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import cast
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -27,6 +31,7 @@ from lakehouse_assets.catalog.iceberg_types import (
 )
 from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.ingest.change_events import event_shape
+from lakehouse_assets.ingest.conversion import coerce_text, float_overflows
 from lakehouse_assets.ingest.inference import infer_type
 from lakehouse_assets.source.iceberg_source import METADATA_FIELDS
 
@@ -66,9 +71,65 @@ def _inferred_type(rows: DataFrame, path: FieldPath) -> str | None:
     return infer_type(value) or "string"
 
 
-def new_columns(lines: DataFrame, stream: StreamSpec, table_schema: T.StructType) -> dict[str, str]:
-    """Fields of the batch's events that the table lacks, with their inferred Iceberg types:
-    top-level fields by name, fields inside existing struct columns by dotted path (``address.zip``)."""
+INT_RANGE = (-(2**31), 2**31)
+"""The values an int holds: ``[start, end)``."""
+MAX_DECIMAL_PRECISION = 38
+
+
+def _promotable_fields(schema: T.StructType, prefix: FieldPath = ()) -> Iterator[tuple[FieldPath, T.DataType]]:
+    """Every int, float and decimal column and struct field (not inside lists or maps), with its path."""
+    for field in schema.fields:
+        path = (*prefix, field.name)
+        if isinstance(field.dataType, T.StructType):
+            yield from _promotable_fields(field.dataType, path)
+        elif isinstance(field.dataType, (T.IntegerType, T.FloatType)) or (
+            isinstance(field.dataType, T.DecimalType) and field.dataType.precision < MAX_DECIMAL_PRECISION
+        ):
+            yield path, field.dataType
+
+
+def _largest_need(path: FieldPath, data_type: T.DataType) -> Column:
+    """An aggregate of the batch's values at ``path`` that tells whether they need a wider type:
+    for an int or float column whether any does (1), for a decimal the largest magnitude."""
+    text = F.get_json_object("row", _json_path(path))
+    if isinstance(data_type, T.IntegerType):
+        value = coerce_text(text, T.LongType())
+        return F.max(((value < INT_RANGE[0]) | (value >= INT_RANGE[1])).cast("int"))
+    if isinstance(data_type, T.FloatType):
+        return F.max(float_overflows(coerce_text(text, T.DoubleType())).cast("int"))
+    scale = cast(T.DecimalType, data_type).scale
+    return F.max(F.abs(coerce_text(text, T.DecimalType(MAX_DECIMAL_PRECISION, scale))))
+
+
+def promoted_columns(rows: DataFrame, table_schema: T.StructType) -> dict[str, str]:
+    """Int, float and decimal columns and struct fields (dotted paths) whose values in the batch
+    only a wider type holds, with that type: long, double, or the decimal with the precision the
+    largest value needs (at most 38, the scale kept). Values no promotion holds do not count."""
+    candidates = list(_promotable_fields(table_schema))
+    if not candidates:
+        return {}
+    found = rows.agg(*[_largest_need(path, kind).alias(f"_{i}") for i, (path, kind) in enumerate(candidates)])
+    needs = found.first()
+    promoted: dict[str, str] = {}
+    for index, (path, data_type) in enumerate(candidates):
+        need = needs[index] if needs else None
+        if need is None or need == 0:
+            continue
+        if isinstance(data_type, T.IntegerType):
+            promoted[".".join(path)] = "long"
+        elif isinstance(data_type, T.FloatType):
+            promoted[".".join(path)] = "double"
+        elif isinstance(data_type, T.DecimalType):
+            precision = data_type.scale + len(str(int(need)).lstrip("0") or "0")
+            if precision > data_type.precision:
+                promoted[".".join(path)] = f"decimal({precision},{data_type.scale})"
+    return promoted
+
+
+def columns_needed(lines: DataFrame, stream: StreamSpec, table_schema: T.StructType) -> dict[str, str]:
+    """Columns and struct fields the batch's events need that the table lacks or holds in a type
+    too narrow, with the Iceberg types they need: top-level fields by name, fields inside struct
+    columns by dotted path (``address.zip``)."""
     rows = lines.select(event_shape(stream, F.col(EVENT_COLUMN), []).row.alias("row")).cache()
     try:
         found: dict[str, str | None] = {}
@@ -85,13 +146,19 @@ def new_columns(lines: DataFrame, stream: StreamSpec, table_schema: T.StructType
             for key in sorted(row["key"] for row in keys if FIELD_NAME.fullmatch(row["key"])):
                 if key.lower() not in present:
                     found[".".join((*path, key))] = _inferred_type(rows, (*path, key))
-        return {name: kind for name, kind in found.items() if kind is not None}
+        added = {name: kind for name, kind in found.items() if kind is not None}
+        return added | promoted_columns(rows, table_schema)
     finally:
         rows.unpersist()
 
 
 def _with_field(struct: T.StructType, path: list[str], data_type: T.DataType) -> T.StructType:
+    """``struct`` with the field at ``path`` of ``data_type``: its type replaced, or added last."""
     if len(path) == 1:
+        if path[0] in struct.fieldNames():
+            return T.StructType(
+                [T.StructField(f.name, data_type, f.nullable) if f.name == path[0] else f for f in struct.fields]
+            )
         return T.StructType([*struct.fields, T.StructField(path[0], data_type)])
     return T.StructType(
         [
@@ -103,9 +170,9 @@ def _with_field(struct: T.StructType, path: list[str], data_type: T.DataType) ->
     )
 
 
-def with_new_columns(table_schema: T.StructType, columns: dict[str, str]) -> T.StructType:
-    """The table's Spark schema plus optional ``columns`` (Iceberg type names; dotted names are
-    fields of struct columns)."""
+def with_columns(table_schema: T.StructType, columns: dict[str, str]) -> T.StructType:
+    """The table's Spark schema with ``columns`` (Iceberg type names; dotted names are fields of
+    struct columns): new ones optional, last; existing ones in their new type."""
     for name, kind in columns.items():
         table_schema = _with_field(table_schema, name.split("."), T._parse_datatype_string(spark_ddl(parse_type(kind))))
     return table_schema

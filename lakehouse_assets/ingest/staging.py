@@ -44,7 +44,7 @@ from lakehouse_assets.ingest.kafka_reader import read_kafka_lines
 from lakehouse_assets.ingest.landing_reader import read_landing_lines
 from lakehouse_assets.ingest.parsed_lines import read_parsed_events
 from lakehouse_assets.ingest.quarantine import SPARK_ERRORS, isolate_failing_lines, quarantined_events, without_failing
-from lakehouse_assets.ingest.schema_evolution import new_columns, with_new_columns
+from lakehouse_assets.ingest.schema_evolution import columns_needed, with_columns
 from lakehouse_assets.ingest.staged_events import staged_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
@@ -200,7 +200,7 @@ def _write_once(
 @dataclass(frozen=True)
 class StagingSchema:
     """What a batch is converted to: the table's columns (with Iceberg types, plus the columns the
-    batch adds), its identifier columns, and the columns added (name -> type)."""
+    batch adds or promotes), its identifier columns, and the columns added or promoted (name -> type)."""
 
     table_schema: T.StructType
     identifier_columns: list[str]
@@ -215,15 +215,16 @@ def staging_schema(
     lines: DataFrame | None = None,
 ) -> StagingSchema:
     """Create the stream's table if it is missing (from ``undeclared_columns()`` when nothing is
-    declared) and read what the batch converts to; with schema evolution, ``lines`` may add columns.
+    declared) and read what the batch converts to; with schema evolution, ``lines`` may add or
+    promote columns.
     Raises ConfigError when ``version_column`` is not a column of the table."""
     ensure_table(spark, lake, stream, undeclared_columns)
     table_schema = with_iceberg_types(
         spark.table(qualified_name(stream.table_identifier)).schema,
         lake.require_table(stream.table_identifier).schema(),
     )
-    added = new_columns(lines, stream, table_schema) if stream.schema_evolution and lines is not None else {}
-    table_schema = with_new_columns(table_schema, added)
+    added = columns_needed(lines, stream, table_schema) if stream.schema_evolution and lines is not None else {}
+    table_schema = with_columns(table_schema, added)
     if stream.version_column and stream.version_column not in table_schema.fieldNames():
         raise ConfigError(
             f"stream {stream.name!r}: version_column: {stream.version_column!r} is not a column of "
@@ -264,6 +265,7 @@ def stage_batch(
         if not stream.kafka_source:
             return read_landing_lines(spark, files, input_links(record))
         ranges = {name: [lost.get(name, [start, start])[1], end] for name, (start, end) in minted.offsets.items()}
+        crash_point(faults.KAFKA_BEFORE_READ)
         records = read_kafka_lines(spark, stream, ranges)
         # Dead letters replayed into the stream, as landing files beside the offsets.
         return records.unionByName(read_landing_lines(spark, files, input_links(record))) if files else records

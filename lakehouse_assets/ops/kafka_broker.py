@@ -55,8 +55,10 @@ class LocalBroker(JvmServer):
             "transaction.state.log.replication.factor": "1",
             "transaction.state.log.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
-            # Retention checked every second, so a test's retention deletes soon.
+            # Retention checked every second, and the log cleaner idle half a second between
+            # compactions, so a test's retention deletes and its compacted topic compacts soon.
             "log.retention.check.interval.ms": "1000",
+            "log.cleaner.backoff.ms": "500",
         }
         settings.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))
         return settings

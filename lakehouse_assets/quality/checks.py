@@ -15,7 +15,7 @@ import duckdb
 from pyiceberg.table import StaticTable
 
 from lakehouse_assets.batches.staged_format import DELETE, OPERATION_COLUMN, REASON_COLUMN
-from lakehouse_assets.catalog.iceberg_types import duckdb_type
+from lakehouse_assets.catalog.iceberg_types import IcebergType, duckdb_type, evolves_into, iceberg_type_name, parse_type
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.commit.recovery import CommitHistory, commit_history
@@ -80,7 +80,7 @@ def check_schema(
     evolves: bool = False,
 ) -> CheckOutcome:
     """The snapshot's columns, types and required flags are the declared ones, in order; with schema
-    evolution, optional columns may follow them."""
+    evolution, optional columns may follow them and a declared type may have been promoted."""
     if not declared:
         return CheckOutcome(True, "no schema declared; the table's own schema is used")
     described = connection.sql(f"DESCRIBE SELECT * FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}")
@@ -90,8 +90,18 @@ def check_schema(
         for name, kind, *_ in described.fetchall()
         if not name.startswith(SYSTEM_COLUMN_PREFIX)
     ]
-    expected = [(column.name, _comparable(duckdb_type(column.iceberg_type))) for column in declared]
     iceberg_schema = snapshot.table().schema()
+    evolved = {field.name: iceberg_type_name(field.field_type) for field in iceberg_schema.fields} if evolves else {}
+
+    def expected_type(column: ColumnSpec) -> IcebergType:
+        # With schema evolution a declared type may have been promoted (int to long, ...).
+        try:
+            actual = parse_type(evolved[column.name])
+        except (KeyError, ValueError):  # not a column, or of a type the grammar has no name for
+            return column.iceberg_type
+        return actual if evolves_into(column.iceberg_type, actual) else column.iceberg_type
+
+    expected = [(column.name, _comparable(duckdb_type(expected_type(column)))) for column in declared]
     required_actual = sorted(f.name for f in iceberg_schema.fields if f.required)
     required_expected = sorted(column.name for column in declared if column.required)
     compared = actual[: len(expected)] if evolves else actual

@@ -16,6 +16,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -203,26 +204,45 @@ def start_pipeline_process(
     return start_lakehouse_process(list(RUN_UNTIL_IDLE), extra_env, log, cold)
 
 
-@contextmanager
-def lakehouse_paused_at(point: str, work: Path, arguments: tuple[str, ...] = RUN_UNTIL_IDLE) -> Iterator[Path]:
-    """``lakehouse <arguments>`` (the pipeline unless told) started and held at fault point
-    ``point`` while the block runs, then released; the block gets the process's log, and the
-    process must end successfully."""
+@dataclass
+class PausedProcess:
+    """A ``lakehouse`` process held at a fault point until :meth:`release`; its output in ``log``."""
+
+    process: subprocess.Popen | ForkedProcess
+    log: Path
+    release_file: Path
+
+    def release(self) -> None:
+        self.release_file.touch()
+
+
+def start_paused_at(point: str, work: Path, arguments: tuple[str, ...] = RUN_UNTIL_IDLE) -> PausedProcess:
+    """``lakehouse <arguments>`` (the pipeline unless told) started; returns once it is held at
+    fault point ``point``."""
     pauses = work / "pauses"
     pauses.mkdir(parents=True, exist_ok=True)
     log = work / "paused-process.log"
-    paused = start_lakehouse_process(list(arguments), {faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, log)
+    pause_env = {faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}
+    process = start_lakehouse_process(list(arguments), pause_env, log)
     deadline = time.monotonic() + faults.PAUSE_TIMEOUT_SECONDS
     while not (pauses / f"{point}.paused").exists():
-        assert time.monotonic() < deadline and paused.poll() is None, (
+        assert time.monotonic() < deadline and process.poll() is None, (
             f"never paused at {point}:\n{log.read_text()[-3000:]}"
         )
         time.sleep(0.2)
+    return PausedProcess(process, log, pauses / f"{point}.release")
+
+
+@contextmanager
+def lakehouse_paused_at(point: str, work: Path, arguments: tuple[str, ...] = RUN_UNTIL_IDLE) -> Iterator[Path]:
+    """``lakehouse <arguments>`` held at fault point ``point`` while the block runs, then released;
+    the block gets the process's log, and the process must end successfully."""
+    paused = start_paused_at(point, work, arguments)
     try:
-        yield log
+        yield paused.log
     finally:
-        (pauses / f"{point}.release").touch()
-    assert paused.wait(timeout=600) == 0, log.read_text()[-3000:]
+        paused.release()
+    assert paused.process.wait(timeout=600) == 0, paused.log.read_text()[-3000:]
 
 
 def start_lakehouse_process(

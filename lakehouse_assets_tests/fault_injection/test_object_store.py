@@ -34,13 +34,12 @@ from lakehouse_assets_tests.fault_injection.invariants import (
 )
 from lakehouse_assets_tests.fault_injection.pipeline import (
     PIPELINE,
-    RUN_UNTIL_IDLE,
     kill_at_then_restart,
     lakehouse_paused_at,
     land_round,
     run_lakehouse,
     run_pipeline,
-    start_lakehouse_process,
+    start_paused_at,
 )
 
 pytestmark = pytest.mark.spark
@@ -196,27 +195,18 @@ def test_two_hosts_sharing_only_the_rest_catalog_and_the_store_commit_each_batch
 
 def test_the_store_killed_mid_commit_and_restarted_loses_and_duplicates_nothing(lake, s3_server, tmp_path):
     land_round(lake, 1)
-    pauses = tmp_path / "pauses"
-    pauses.mkdir()
-    log = tmp_path / "paused.log"
-    point = faults.COMMITTER_BEFORE_COMMIT
-    paused = start_lakehouse_process(
-        list(RUN_UNTIL_IDLE), {faults.PAUSE_ENV: point, faults.PAUSE_DIR_ENV: str(pauses)}, log
-    )
-    deadline = time.monotonic() + faults.PAUSE_TIMEOUT_SECONDS
-    while not (pauses / f"{point}.paused").exists():
-        assert time.monotonic() < deadline and paused.poll() is None, log.read_text()[-3000:]
-        time.sleep(0.2)
+    paused = start_paused_at(faults.COMMITTER_BEFORE_COMMIT, tmp_path)
 
     # The store dies (SIGKILL) as a commit's files are about to be written, and comes back
     # STORE_DOWN_SECONDS later, while the clients (Spark's S3FileIO, the catalog's) retry.
     s3_server.stop(kill=True)
-    (pauses / f"{point}.release").touch()
+    paused.release()
     time.sleep(STORE_DOWN_SECONDS)
     s3_server.start()
-    paused.wait(timeout=600)
+    paused.process.wait(timeout=600)
 
     # Whether that run rode the outage through or failed, the next run leaves every batch once.
     completed = run_pipeline()
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:] + log.read_text()[-3000:]
+    output = completed.stdout[-3000:] + completed.stderr[-3000:] + paused.log.read_text()[-3000:]
+    assert completed.returncode == 0, output
     assert_every_batch_once(lake)
