@@ -149,6 +149,8 @@ NARROW_COLUMNS = [
     {"name": "ratio", "type": "float"},
     {"name": "amount", "type": "decimal(6,2)"},
     {"name": "point", "type": "struct<x: int>"},
+    {"name": "tags", "type": "list<int>"},
+    {"name": "scores", "type": "map<string, float>"},
 ]
 NARROW = {**EVOLVING, "schema": {"columns": NARROW_COLUMNS}}
 
@@ -168,7 +170,8 @@ def test_values_that_outgrow_their_types_promote_the_columns_with_every_value_in
     config = load_config()
     lake = Lakehouse(config, paths)
     stream = config.stream("events")
-    land_events(paths, stream, [json.dumps({"id": 1, "count": 7, "ratio": 0.5, "amount": 12.34, "point": {"x": 1}})])
+    first = {"id": 1, "count": 7, "ratio": 0.5, "amount": 12.34, "point": {"x": 1}, "tags": [1], "scores": {"a": 0.5}}
+    land_events(paths, stream, [json.dumps(first)])
     assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
     assert _columns(lake) == {
         "id": "long",
@@ -176,10 +179,20 @@ def test_values_that_outgrow_their_types_promote_the_columns_with_every_value_in
         "ratio": "float",
         "amount": "decimal(6,2)",
         "point": "struct<x: int>",
+        "tags": "list<int>",
+        "scores": "map<string, float>",
     }
 
     # Each value needs the wider type Iceberg promotes its column to; one value no promotion holds.
-    outgrown = {"id": 2, "count": 3_000_000_000, "ratio": 1e300, "amount": 123456.78, "point": {"x": 5_000_000_000}}
+    outgrown = {
+        "id": 2,
+        "count": 3_000_000_000,
+        "ratio": 1e300,
+        "amount": 123456.78,
+        "point": {"x": 5_000_000_000},
+        "tags": [2, 4_000_000_000],
+        "scores": {"b": 1e300, "c": 1.5},
+    }
     land_events(paths, stream, [json.dumps(outgrown), json.dumps({"id": 3, "count": "many", "amount": 1.5})])
     assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
 
@@ -189,18 +202,33 @@ def test_values_that_outgrow_their_types_promote_the_columns_with_every_value_in
         "ratio": "double",
         "amount": "decimal(8,2)",
         "point": "struct<x: long>",
+        "tags": "list<long>",
+        "scores": "map<string, double>",
     }
-    assert _duck_rows(lake, "id, count, ratio, amount::VARCHAR, point.x") == [
-        (1, 7, 0.5, "12.34", 1),
-        (2, 3_000_000_000, 1e300, "123456.78", 5_000_000_000),
-        (3, None, None, "1.50", None),
+    assert _duck_rows(lake, "id, count, ratio, amount::VARCHAR, point.x, tags, scores['b']") == [
+        (1, 7, 0.5, "12.34", 1, [1], None),
+        (2, 3_000_000_000, 1e300, "123456.78", 5_000_000_000, [2, 4_000_000_000], 1e300),
+        (3, None, None, "1.50", None, None, None),
     ]
     summary = lake.table("web.events").current_snapshot().summary.additional_properties
-    promoted = {"amount": "decimal(8,2)", "count": "long", "point.x": "long", "ratio": "double"}
+    promoted = {
+        "amount": "decimal(8,2)",
+        "count": "long",
+        "point.x": "long",
+        "ratio": "double",
+        "scores.value": "double",
+        "tags.element": "long",
+    }
     assert json.loads(summary[summary_keys.SCHEMA_CHANGE]) == promoted
     key = names.table_key("web.events")
     materialization = instance.get_latest_materialization_event(key).asset_materialization
     assert materialization.metadata["schema_change"].value == promoted
+    # The one value no promotion holds is NULL, and said so: on the commit, and by the dead-letter check.
+    assert materialization.metadata["uncoercible_values"].value == {"count": 1}
+    assert json.loads(summary[summary_keys.UNCOERCIBLE_VALUES]) == {"count": 1}
+    warned = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, names.DEAD_LETTERS_CHECK))
+    assert warned.status.value == "FAILED"
+    assert "count 1" in warned.event.dagster_event.event_specific_data.description
     # The declared types were promoted, not broken: the schema check passes.
     check = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, names.SCHEMA_CHECK))
     assert check.status.value == "SUCCEEDED"
@@ -238,3 +266,6 @@ def test_a_float_beyond_its_range_is_null_never_infinity_without_schema_evolutio
 
     assert _columns(lake)["ratio"] == "float"
     assert _duck_rows(lake, "id, ratio") == [(0, None), (1, None), (2, 2.5), (3, None)]
+    key = names.table_key("web.events")
+    materialization = instance.get_latest_materialization_event(key).asset_materialization
+    assert materialization.metadata["uncoercible_values"].value == {"ratio": 3}

@@ -81,6 +81,9 @@ class StagedBatch:
     new_columns: dict[str, str] = field(default_factory=dict)
     """Columns the batch's events have and the table lacked, or held in a type too narrow for
     their values (schema evolution), with the types they need."""
+    uncoercible_values: dict[str, int] = field(default_factory=dict)
+    """Per optional column, the batch's events whose value for it could not be coerced to its
+    type and was staged as NULL."""
     routes: dict[str, int] = field(default_factory=dict)
     """A router's batch: the events it routed to each table."""
     staged_snapshot: int | None = None

@@ -13,6 +13,8 @@ LINE_COLUMN = "_lakehouse_line"
 REASON_COLUMN = "_lakehouse_reason"
 """Why the event was rejected; null for a converted event."""
 OPERATION_COLUMN = "_lakehouse_operation"
+UNCOERCIBLE_COLUMN = "_lakehouse_uncoercible"
+"""The optional columns whose value in the event could not be coerced to their type (so NULL)."""
 POSITION_COLUMN = "_lakehouse_position"
 
 INSERT, UPDATE, DELETE = "INSERT", "UPDATE", "DELETE"

@@ -125,6 +125,8 @@ class CommitResult:
     """For an Iceberg source stream: the newest source snapshot this commit applied."""
     stale_changes: int = 0
     """Changes skipped because the row already held a newer one (``StreamSpec.order_column``)."""
+    uncoercible_values: dict[str, int] = field(default_factory=dict)
+    """Per optional column, the committed events whose value did not coerce to its type (NULL)."""
 
 
 @dataclass(frozen=True)
@@ -385,6 +387,9 @@ def _publish(
     if schema_change:
         properties[summary_keys.SCHEMA_CHANGE] = json.dumps(schema_change)
         properties[summary_keys.SCHEMA_CHANGE_BATCHES] = json.dumps(_triggering_batches(schema_change, batches))
+    uncoercible = _uncoercible_values(batches)
+    if uncoercible:
+        properties[summary_keys.UNCOERCIBLE_VALUES] = json.dumps(uncoercible)
     confirmed = write_until_landed(committer, stream.name, batches[-1].sequence, write)
     crash_point(faults.COMMITTER_AFTER_COMMIT)
     snapshot = branch_head(confirmed, committer.branch)
@@ -425,7 +430,17 @@ def _publish(
         epoch=committer.epoch,
         source_snapshot=properties.get(summary_keys.SOURCE_SNAPSHOT),
         schema_change_batches=json.loads(properties.get(summary_keys.SCHEMA_CHANGE_BATCHES, "{}")),
+        uncoercible_values=uncoercible,
     )
+
+
+def _uncoercible_values(batches: list[BatchRecord]) -> dict[str, int]:
+    """Per column, the batches' events whose value was staged as NULL because it did not coerce."""
+    totals: dict[str, int] = {}
+    for record in batches:
+        for column, count in record.staged_batch.uncoercible_values.items():
+            totals[column] = totals.get(column, 0) + count
+    return dict(sorted(totals.items()))
 
 
 def _commit_stream(

@@ -47,6 +47,7 @@ class LakehouseCommit:
     watermark: str | None = None
     landing_files: tuple[str, ...] = ()
     kafka_offsets: dict[str, int] = field(default_factory=dict)
+    uncoercible_values: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ def _as_commit(snapshot: Snapshot) -> LakehouseCommit | None:
         watermark=summary.get(summary_keys.WATERMARK) or None,
         landing_files=tuple(json.loads(summary.get(summary_keys.LANDING_FILES, "[]"))),
         kafka_offsets=json.loads(summary.get(summary_keys.KAFKA_OFFSETS, "{}")),
+        uncoercible_values=json.loads(summary.get(summary_keys.UNCOERCIBLE_VALUES, "{}")),
     )
 
 

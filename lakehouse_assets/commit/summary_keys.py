@@ -27,6 +27,9 @@ WATERMARK = "lakehouse.watermark"
 LATE_EVENTS = "lakehouse.late-events"
 SCHEMA_CHANGE = "lakehouse.schema-change"
 SCHEMA_CHANGE_BATCHES = "lakehouse.schema-change-batches"
+UNCOERCIBLE_VALUES = "lakehouse.uncoercible-values"
+"""Per optional column, the committed events whose value could not be coerced to the column's type
+and was written as NULL (a JSON object; absent when there were none)."""
 SOURCE_SNAPSHOT = "lakehouse.source-snapshot"
 LANDING_FILES = "lakehouse.landing-files"
 """The landing files of the commit's batches (a JSON list of names): the table's own record of

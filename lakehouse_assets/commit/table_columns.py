@@ -25,9 +25,15 @@ from lakehouse_assets.faults import crash_point
 
 
 def _field_type(struct: T.DataType, path: list[str]) -> T.DataType | bool | None:
-    """The type of the struct's field at ``path`` (case-insensitively); False when it is missing,
-    None when its parent is."""
+    """The type of the member at ``path`` (struct fields case-insensitively, a list's ``element``,
+    a map's ``value``); False when a struct lacks it, None when its parent is missing."""
     for depth, part in enumerate(path):
+        if isinstance(struct, T.ArrayType) and part == "element":
+            struct = struct.elementType
+            continue
+        if isinstance(struct, T.MapType) and part == "value":
+            struct = struct.valueType
+            continue
         if not isinstance(struct, T.StructType):
             return None
         match = next((field for field in struct.fields if field.name.lower() == part.lower()), None)

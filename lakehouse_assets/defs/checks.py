@@ -211,10 +211,11 @@ def freshness_check(table_identifier: str, streams: list[StreamSpec]) -> TableCh
 
 def dead_letters_check(table_identifier: str) -> TableCheck:
     """Warns (without blocking) when the batches the last commit published sent events to the
-    dead-letter table, with the reasons."""
+    dead-letter table, with the reasons, or wrote values as NULL that did not fit their column,
+    with the columns and counts."""
 
     def no_new_dead_letters(lakehouse: LakehouseResource, target: CheckTarget) -> dg.AssetCheckResult:
-        target.require_snapshot(table_identifier)
+        snapshot_checked = target.require_snapshot(table_identifier)
         lake = lakehouse.lake()
         identifier = dead_letter_identifier(table_identifier)
         connection = iceberg_connection()
@@ -241,13 +242,25 @@ def dead_letters_check(table_identifier: str) -> TableCheck:
         for outcome in outcomes:
             for reason, count in outcome.metadata.get("reasons", {}).items():
                 reasons[reason] = reasons.get(reason, 0) + count
+        # Values written as NULL because they did not fit their column are as loud as dead letters.
+        nulled: dict[str, int] = {}
+        for stream, (first, last) in sorted(target.ranges.items()):
+            for column, count in checks.uncoercible_values(snapshot_checked, stream, first, last).items():
+                nulled[column] = nulled.get(column, 0) + count
+        descriptions = [outcome.description for outcome in outcomes]
+        if nulled:
+            descriptions.append(
+                "values written as NULL because they do not fit their column's type: "
+                + ", ".join(f"{column} {count}" for column, count in nulled.items())
+            )
         return dg.AssetCheckResult(
-            passed=all(outcome.passed for outcome in outcomes),
+            passed=all(outcome.passed for outcome in outcomes) and not nulled,
             severity=dg.AssetCheckSeverity.WARN,
-            description="; ".join(outcome.description for outcome in outcomes),
+            description="; ".join(descriptions),
             metadata={
                 "dead_letters": sum(outcome.metadata.get("dead_letters", 0) for outcome in outcomes),
                 "reasons": dg.JsonMetadataValue(reasons),
+                "uncoercible_values": dg.JsonMetadataValue(nulled),
                 "dead_letter_table": identifier,
             },
         )

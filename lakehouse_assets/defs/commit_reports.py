@@ -46,6 +46,7 @@ def commit_metadata(result: CommitResult) -> dict[str, Any]:
         "rows_deleted": result.deleted,
         "stale_changes_skipped": result.stale_changes,
         "dead_letters": result.dead_letters,
+        "uncoercible_values": dg.JsonMetadataValue(result.uncoercible_values),
         "data_files_added": result.data_files_added,
         "delete_files_added": result.delete_files_added,
         "commit_latency_seconds": round(latency, 3),

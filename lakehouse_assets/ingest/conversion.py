@@ -31,7 +31,8 @@ An event is rejected, with the reason, when it is not a JSON object, when its op
 recognized, when none of its fields match a column, when a required column is missing or cannot
 be coerced (for a DELETE only the identifier columns must be present), or when its row does not
 meet an expectation with ``on_failure: dead_letter``; an optional column that cannot be coerced is
-written as NULL. Extra fields are ignored.
+written as NULL, and named in the event's ``_lakehouse_uncoercible`` (the batch counts them per
+column). Extra fields are ignored.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from lakehouse_assets.batches.staged_format import (
     POSITION_COLUMN,
     REASON_COLUMN,
     SOURCE_FILE_COLUMN,
+    UNCOERCIBLE_COLUMN,
 )
 from lakehouse_assets.config.spec import SOURCE_POSITION_COLUMN, StreamSpec
 from lakehouse_assets.errors import LakehouseError
@@ -353,7 +355,17 @@ def _converted(
             POSITION_COLUMN, F.struct(F.col(f"`{stream.version_column}`"), F.col(POSITION_COLUMN))
         )
     reason = _rejection_reason(fields, stream, identifier_columns)
-    return converted.withColumn(REASON_COLUMN, reason).drop(_RAW, _TYPED, _ROW, _RAW_OPERATION)
+    optional = [field for field in fields if field.nullable and field.name not in identifier_columns]
+    # An optional top-level column the event has a value for that did not coerce (a struct's own
+    # fields are not counted).
+    uncoercible = [F.when(_field_present(f) & F.col(f"`{f.name}`").isNull(), F.lit(f.name)) for f in optional]
+    return converted.select(
+        "*",
+        reason.alias(REASON_COLUMN),
+        F.array_compact(F.array(*uncoercible)).alias(UNCOERCIBLE_COLUMN)
+        if uncoercible
+        else F.array().cast("array<string>").alias(UNCOERCIBLE_COLUMN),
+    ).drop(_RAW, _TYPED, _ROW, _RAW_OPERATION)
 
 
 def _parsed_typed(field: T.StructField) -> bool:

@@ -30,6 +30,7 @@ from lakehouse_assets.batches.staged_format import (
     OPERATION_COLUMN,
     REASON_COLUMN,
     SOURCE_FILE_COLUMN,
+    UNCOERCIBLE_COLUMN,
 )
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.landing_reader import valid_text
@@ -113,6 +114,7 @@ def quarantined_events(lines: DataFrame, failing: list[FailingLine], table_schem
         *[F.lit(None).cast(field.dataType).alias(field.name) for field in table_schema],
         F.lit(None).cast("string").alias(OPERATION_COLUMN),
         REASON_COLUMN,
+        F.array().cast("array<string>").alias(UNCOERCIBLE_COLUMN),
         valid_text(F.col(EVENT_COLUMN)).alias(EVENT_COLUMN),
         SOURCE_FILE_COLUMN,
         LINE_COLUMN,

@@ -76,53 +76,86 @@ INT_RANGE = (-(2**31), 2**31)
 MAX_DECIMAL_PRECISION = 38
 
 
-def _promotable_fields(schema: T.StructType, prefix: FieldPath = ()) -> Iterator[tuple[FieldPath, T.DataType]]:
-    """Every int, float and decimal column and struct field (not inside lists or maps), with its path."""
+PROMOTABLE = (T.IntegerType, T.FloatType, T.DecimalType)
+TEXT_MAP = T.MapType(T.StringType(), T.StringType())
+# A list's elements and a map's values, as Iceberg names them in a column's path.
+ELEMENT, VALUE = "element", "value"
+
+
+def _promotable(data_type: T.DataType) -> bool:
+    """An int, a float, or a decimal narrower than the widest."""
+    if isinstance(data_type, T.DecimalType):
+        return data_type.precision < MAX_DECIMAL_PRECISION
+    return isinstance(data_type, PROMOTABLE)
+
+
+def _promotable_fields(
+    schema: T.StructType, prefix: FieldPath = ()
+) -> Iterator[tuple[FieldPath, T.DataType, str | None]]:
+    """Every int, float and decimal column and struct field, and every list of them and map to
+    them (``element`` or ``value``), with its path: not inside lists or maps of structs."""
     for field in schema.fields:
         path = (*prefix, field.name)
         if isinstance(field.dataType, T.StructType):
             yield from _promotable_fields(field.dataType, path)
-        elif isinstance(field.dataType, (T.IntegerType, T.FloatType)) or (
-            isinstance(field.dataType, T.DecimalType) and field.dataType.precision < MAX_DECIMAL_PRECISION
-        ):
-            yield path, field.dataType
+        elif _promotable(field.dataType):
+            yield path, field.dataType, None
+        elif isinstance(field.dataType, T.ArrayType) and _promotable(field.dataType.elementType):
+            yield path, field.dataType.elementType, ELEMENT
+        elif isinstance(field.dataType, T.MapType) and _promotable(field.dataType.valueType):
+            yield path, field.dataType.valueType, VALUE
 
 
-def _largest_need(path: FieldPath, data_type: T.DataType) -> Column:
-    """An aggregate of the batch's values at ``path`` that tells whether they need a wider type:
-    for an int or float column whether any does (1), for a decimal the largest magnitude."""
+def _largest_need(path: FieldPath, data_type: T.DataType, member: str | None) -> Column:
+    """An aggregate of the batch's values at ``path`` (a list's elements, a map's values) that
+    tells whether they need a wider type: for int and float whether any does (1), for a decimal
+    the largest magnitude."""
     text = F.get_json_object("row", _json_path(path))
-    if isinstance(data_type, T.IntegerType):
-        value = coerce_text(text, T.LongType())
-        return F.max(((value < INT_RANGE[0]) | (value >= INT_RANGE[1])).cast("int"))
-    if isinstance(data_type, T.FloatType):
-        return F.max(float_overflows(coerce_text(text, T.DoubleType())).cast("int"))
-    scale = cast(T.DecimalType, data_type).scale
-    return F.max(F.abs(coerce_text(text, T.DecimalType(MAX_DECIMAL_PRECISION, scale))))
+
+    def need(value: Column) -> Column:
+        if isinstance(data_type, T.IntegerType):
+            number = coerce_text(value, T.LongType())
+            return (number < INT_RANGE[0]) | (number >= INT_RANGE[1])
+        if isinstance(data_type, T.FloatType):
+            return float_overflows(coerce_text(value, T.DoubleType()))
+        scale = cast(T.DecimalType, data_type).scale
+        return F.abs(coerce_text(value, T.DecimalType(MAX_DECIMAL_PRECISION, scale)))
+
+    if member is None:
+        found = need(text)
+    else:
+        members = (
+            F.from_json(text, T.ArrayType(T.StringType()))
+            if member == ELEMENT
+            else F.map_values(F.from_json(text, TEXT_MAP))  # type: ignore[arg-type]  # a map schema; the stubs omit it
+        )
+        found = F.array_max(F.transform(members, need))
+    return F.max(found.cast("int") if isinstance(data_type, (T.IntegerType, T.FloatType)) else found)
 
 
 def promoted_columns(rows: DataFrame, table_schema: T.StructType) -> dict[str, str]:
-    """Int, float and decimal columns and struct fields (dotted paths) whose values in the batch
-    only a wider type holds, with that type: long, double, or the decimal with the precision the
-    largest value needs (at most 38, the scale kept). Values no promotion holds do not count."""
+    """Int, float and decimal columns, struct fields, list elements and map values (dotted paths:
+    ``point.x``, ``tags.element``, ``scores.value``) whose values in the batch only a wider type
+    holds, with that type: long, double, or the decimal with the precision the largest value needs
+    (at most 38, the scale kept). Values no promotion holds do not count."""
     candidates = list(_promotable_fields(table_schema))
     if not candidates:
         return {}
-    found = rows.agg(*[_largest_need(path, kind).alias(f"_{i}") for i, (path, kind) in enumerate(candidates)])
-    needs = found.first()
+    needs = rows.agg(*[_largest_need(*candidate).alias(f"_{i}") for i, candidate in enumerate(candidates)]).first()
     promoted: dict[str, str] = {}
-    for index, (path, data_type) in enumerate(candidates):
+    for index, (path, data_type, member) in enumerate(candidates):
         need = needs[index] if needs else None
+        name = ".".join((*path, member) if member else path)
         if need is None or need == 0:
             continue
         if isinstance(data_type, T.IntegerType):
-            promoted[".".join(path)] = "long"
+            promoted[name] = "long"
         elif isinstance(data_type, T.FloatType):
-            promoted[".".join(path)] = "double"
+            promoted[name] = "double"
         elif isinstance(data_type, T.DecimalType):
             precision = data_type.scale + len(str(int(need)).lstrip("0") or "0")
             if precision > data_type.precision:
-                promoted[".".join(path)] = f"decimal({precision},{data_type.scale})"
+                promoted[name] = f"decimal({precision},{data_type.scale})"
     return promoted
 
 
@@ -152,20 +185,27 @@ def columns_needed(lines: DataFrame, stream: StreamSpec, table_schema: T.StructT
         rows.unpersist()
 
 
-def _with_field(struct: T.StructType, path: list[str], data_type: T.DataType) -> T.StructType:
-    """``struct`` with the field at ``path`` of ``data_type``: its type replaced, or added last."""
-    if len(path) == 1:
-        if path[0] in struct.fieldNames():
-            return T.StructType(
-                [T.StructField(f.name, data_type, f.nullable) if f.name == path[0] else f for f in struct.fields]
-            )
-        return T.StructType([*struct.fields, T.StructField(path[0], data_type)])
+def _with_type(current: T.DataType, path: list[str], data_type: T.DataType) -> T.DataType:
+    """``current`` with the member at ``path`` (struct fields by name, a list's ``element``, a
+    map's ``value``) of ``data_type``: its type replaced, or, for a struct field it lacks, added
+    last as an optional field."""
+    if not path:
+        return data_type
+    head, rest = path[0], path[1:]
+    if isinstance(current, T.ArrayType) and head == ELEMENT:
+        return T.ArrayType(_with_type(current.elementType, rest, data_type), current.containsNull)
+    if isinstance(current, T.MapType) and head == VALUE:
+        return T.MapType(current.keyType, _with_type(current.valueType, rest, data_type), current.valueContainsNull)
+    if not isinstance(current, T.StructType):
+        return current
+    if head not in current.fieldNames():
+        return T.StructType([*current.fields, T.StructField(head, data_type)]) if not rest else current
     return T.StructType(
         [
-            T.StructField(field.name, _with_field(field.dataType, path[1:], data_type), field.nullable)
-            if field.name == path[0] and isinstance(field.dataType, T.StructType)
+            T.StructField(field.name, _with_type(field.dataType, rest, data_type), field.nullable, field.metadata)
+            if field.name == head
             else field
-            for field in struct.fields
+            for field in current.fields
         ]
     )
 
@@ -174,5 +214,6 @@ def with_columns(table_schema: T.StructType, columns: dict[str, str]) -> T.Struc
     """The table's Spark schema with ``columns`` (Iceberg type names; dotted names are fields of
     struct columns): new ones optional, last; existing ones in their new type."""
     for name, kind in columns.items():
-        table_schema = _with_field(table_schema, name.split("."), T._parse_datatype_string(spark_ddl(parse_type(kind))))
+        data_type = T._parse_datatype_string(spark_ddl(parse_type(kind)))
+        table_schema = cast(T.StructType, _with_type(table_schema, name.split("."), data_type))
     return table_schema

@@ -14,6 +14,7 @@ from lakehouse_assets.batches.staged_format import (
     POSITION_COLUMN,
     REASON_COLUMN,
     SOURCE_FILE_COLUMN,
+    UNCOERCIBLE_COLUMN,
 )
 from lakehouse_assets.ingest.change_events import collapse_changes
 from lakehouse_assets.ingest.landing_reader import valid_text
@@ -32,6 +33,7 @@ def staged_events(converted: DataFrame, table_schema: T.StructType, identifier_c
         *[F.col(f"`{field.name}`") for field in table_schema],
         F.col(OPERATION_COLUMN),
         F.col(REASON_COLUMN),
+        F.col(UNCOERCIBLE_COLUMN),
         F.when(~accepted, valid_text(F.col(EVENT_COLUMN))).alias(EVENT_COLUMN),
         *[F.when(~accepted, F.col(name)).alias(name) for name in (SOURCE_FILE_COLUMN, LINE_COLUMN)],
     )

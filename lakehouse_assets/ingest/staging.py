@@ -17,6 +17,7 @@ Parquet.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -31,7 +32,13 @@ from pyspark.sql import types as T
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import landing_dir
 from lakehouse_assets.batches.ledger import EVENTS_DIR, BatchRecord, StagedBatch, StreamLedger
-from lakehouse_assets.batches.staged_format import DELETE, EVENT_COLUMN, OPERATION_COLUMN, REASON_COLUMN
+from lakehouse_assets.batches.staged_format import (
+    DELETE,
+    EVENT_COLUMN,
+    OPERATION_COLUMN,
+    REASON_COLUMN,
+    UNCOERCIBLE_COLUMN,
+)
 from lakehouse_assets.catalog.staged_snapshots import allow_staged_snapshots, staged_snapshot_id, write_staged
 from lakehouse_assets.catalog.table_metadata import is_hadoop_catalog, qualified_name
 from lakehouse_assets.commit.tables import ensure_table, identifier_columns
@@ -114,7 +121,8 @@ def kafka_lost_offsets(stream: StreamSpec, record: BatchRecord) -> dict[str, lis
 
 def batch_figures(stream: StreamSpec, table_schema: T.StructType) -> list[Column]:
     """The figures the ledger records of a staged batch, as aggregates over its staged rows: rows,
-    deletes, rejected events and the event-time range."""
+    deletes, rejected events, the event-time range, and per optional column the accepted events
+    whose value for it could not be coerced (``uncoercible``)."""
     accepted = F.col(REASON_COLUMN).isNull()
     deleted = accepted & (F.col(OPERATION_COLUMN) == F.lit(DELETE))
     event_time = stream.resolved_event_time_column()
@@ -127,7 +135,18 @@ def batch_figures(stream: StreamSpec, table_schema: T.StructType) -> list[Column
         F.count(F.when(~accepted, 1)).alias("rejected"),
         F.date_format(F.min(event_times), ISO_8601_UTC).alias("min_event_time"),
         F.date_format(F.max(event_times), ISO_8601_UTC).alias("max_event_time"),
+        _uncoercible_counts([field.name for field in table_schema if field.nullable], accepted).alias("uncoercible"),
     ]
+
+
+def _uncoercible_counts(optional_columns: list[str], accepted: Column) -> Column:
+    """A JSON object from each optional column to the accepted events whose value for it did not
+    coerce (text: an observation hands back only primitive values as Python's)."""
+    if not optional_columns:
+        return F.lit("{}")
+    uncoercible = F.col(UNCOERCIBLE_COLUMN)
+    counts = [F.count(F.when(accepted & F.array_contains(uncoercible, name), 1)) for name in optional_columns]
+    return F.to_json(F.map_from_arrays(F.array(*[F.lit(name) for name in optional_columns]), F.array(*counts)))
 
 
 def _write_observed(
@@ -337,6 +356,7 @@ def record_attempt(
         staged_at=time.time(),
         run_id=run_id,
         new_columns=added,
+        uncoercible_values={name: count for name, count in json.loads(figures["uncoercible"]).items() if count},
         staged_snapshot=staged_snapshot,
         lost_offsets=lost_offsets or {},
     )

@@ -284,6 +284,18 @@ def check_no_new_dead_letters(
     )
 
 
+def uncoercible_values(snapshot: CommittedSnapshot, stream: str, first_sequence: int, last_sequence: int) -> dict:
+    """Per column, the events of the stream's committed batches in the range whose value did not
+    coerce to the column's type and was written as NULL (the commits' ``lakehouse.uncoercible-values``)."""
+    totals: dict[str, int] = defaultdict(int)
+    for commit in _history(snapshot).commits:
+        overlaps = first_sequence <= commit.last_sequence and commit.first_sequence <= last_sequence
+        if commit.stream == stream and overlaps:
+            for column, count in commit.uncoercible_values.items():
+                totals[column] += count
+    return dict(sorted(totals.items()))
+
+
 def check_expectations(
     connection: duckdb.DuckDBPyConnection, snapshot: CommittedSnapshot, expectations: list[ExpectationSpec]
 ) -> CheckOutcome:
