@@ -11,6 +11,7 @@ import pytest
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.catalog.iceberg_types import iceberg_type_name
+from lakehouse_assets.catalog.table_metadata import qualified_name
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
@@ -269,3 +270,63 @@ def test_a_float_beyond_its_range_is_null_never_infinity_without_schema_evolutio
     key = names.table_key("web.events")
     materialization = instance.get_latest_materialization_event(key).asset_materialization
     assert materialization.metadata["uncoercible_values"].value == {"ratio": 3}
+
+
+def test_a_column_an_operator_renames_or_drops_while_a_batch_is_staged_is_matched_by_field_id(evolving, paths):
+    lake = Lakehouse(evolving, paths)
+    spark = lakehouse_session(lake)
+    stream = evolving.stream("events")
+
+    def stage(*events: dict) -> None:
+        land_events(paths, stream, [json.dumps(event) for event in events])
+        batch, _ = mint_next_batch(lake, stream, drain=True)
+        stage_batch(spark, lake, stream, batch.sequence)
+
+    stage({"id": 1, "kind": "a"})
+    commit_table(spark, lake, "web.events", "test")
+    # Staged under `kind`; the operator renames it in Spark SQL before the batch commits.
+    stage({"id": 2, "kind": "b"})
+    spark.sql(f"ALTER TABLE {qualified_name('web.events')} RENAME COLUMN kind TO category")
+    commit_table(spark, lake, "web.events", "test")
+    assert list(_columns(lake)) == ["id", "category"]
+    assert _duck_rows(lake, "id, category") == [(1, "a"), (2, "b")]
+
+    # Staged with `category`; the operator drops it: the batch commits without it.
+    stage({"id": 3, "category": "c"})
+    spark.sql(f"ALTER TABLE {qualified_name('web.events')} DROP COLUMN category")
+    commit_table(spark, lake, "web.events", "test")
+    assert _duck_rows(lake, "id") == [(1,), (2,), (3,)]
+    assert list(_columns(lake)) == ["id"]
+
+
+def test_a_required_column_the_events_stop_carrying_becomes_optional_with_relax_required(
+    lakehouse_home, tmp_path, monkeypatch, paths, instance
+):
+    columns = [{"name": "id", "type": "long", "required": True}, {"name": "amount", "type": "double", "required": True}]
+    relaxing = {
+        **EVOLVING,
+        "identifier_columns": ["id"],
+        "operation": "update",
+        "schema_evolution": {"relax_required": True},
+        "schema": {"columns": columns},
+    }
+    write_config(tmp_path, {"streams": [relaxing]}, monkeypatch)
+    config = load_config()
+    lake = Lakehouse(config, paths)
+    stream = config.stream("events")
+    land_events(paths, stream, [json.dumps({"id": 1, "amount": 2.5})])
+    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+
+    # The producer stops sending `amount`; an event without the identifier column is still a dead letter.
+    land_events(paths, stream, [json.dumps({"id": 2}), json.dumps({"amount": 1.0})])
+    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+
+    fields = {field.name: field.required for field in lake.table("web.events").schema().fields}
+    assert fields == {"id": True, "amount": False}
+    assert _duck_rows(lake, "id, amount") == [(1, 2.5), (2, None)]
+    assert _duck_rows(lake, "reason", "web.events_dead_letters") == [("missing identifier column 'id'",)]
+    summary = lake.table("web.events").current_snapshot().summary.additional_properties
+    assert json.loads(summary[summary_keys.SCHEMA_CHANGE]) == {"amount": "optional double"}
+    key = names.table_key("web.events")
+    check = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, names.SCHEMA_CHECK))
+    assert check.status.value == "SUCCEEDED"

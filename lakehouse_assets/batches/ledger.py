@@ -81,6 +81,10 @@ class StagedBatch:
     new_columns: dict[str, str] = field(default_factory=dict)
     """Columns the batch's events have and the table lacked, or held in a type too narrow for
     their values (schema evolution), with the types they need."""
+    relaxed_columns: list[str] = field(default_factory=list)
+    """Required columns the batch's events stop carrying, to make optional (``relax_required``)."""
+    schema_id: int | None = None
+    """The table's schema the batch was staged against (None: staged before this was recorded)."""
     uncoercible_values: dict[str, int] = field(default_factory=dict)
     """Per optional column, the batch's events whose value for it could not be coerced to its
     type and was staged as NULL."""

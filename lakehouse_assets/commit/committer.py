@@ -67,6 +67,8 @@ from lakehouse_assets.commit.table_columns import (
     add_missing_columns,
     promote_narrower_columns,
     proposed_fields,
+    relax_required_columns,
+    renamed_columns,
     schema_changes_since_last_snapshot,
 )
 from lakehouse_assets.commit.table_writes import (
@@ -228,21 +230,24 @@ def _has_ready_batches(committer: CommitterPass, streams: list[StreamSpec]) -> b
 
 
 def _evolve_schema(committer: CommitterPass, stream: StreamSpec, batches: list[BatchRecord]) -> None:
-    """Add the columns the batches' events brought that the table still lacks, and widen those it
-    holds in a type too narrow for their values (lock held)."""
+    """Add the columns the batches' events brought that the table still lacks, widen those it
+    holds in a type too narrow for their values, and make optional the required columns the
+    events stopped carrying (``relax_required``; lock held)."""
     proposed: dict[str, str] = {}
     for record in batches:
         for name, kind in proposed_fields(record.staged_batch.new_columns).items():
             # The widest type any batch needs (a later batch may need more decimal digits).
             if name not in proposed or widens(parse_type(proposed[name]), parse_type(kind)):
                 proposed[name] = kind
-    if not proposed:
+    relaxed = sorted({name for record in batches for name in record.staged_batch.relaxed_columns})
+    if not proposed and not relaxed:
         return
     added = add_missing_columns(committer.spark, stream.table_identifier, proposed)
     if added:
         committer.reread()
     schema = _existing(committer).schema()
-    if promote_narrower_columns(committer.spark, stream.table_identifier, schema, proposed) or added:
+    promoted = promote_narrower_columns(committer.spark, stream.table_identifier, schema, proposed)
+    if relax_required_columns(committer.spark, stream.table_identifier, schema, relaxed) or promoted or added:
         committer.reread()
         crash_point(faults.COMMITTER_AFTER_SCHEMA_CHANGE)
 
@@ -296,11 +301,11 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
     columns = table_schema.fieldNames()
     # Each batch is aligned to the table on its own: batches staged with different new columns, or
     # with different types for one (the first committed type wins), cannot be read as one.
-    staged = _staged_rows(spark, batches, table_schema)
+    staged = _staged_rows(spark, batches, table_schema, _existing(committer))
     if keys and uses_row_deltas(_existing(committer)):
         # On a copy of the session: the staged write's setting must reach no other table's commit.
         own = copied_session(spark)
-        changes = _staged_rows(own, batches, table_schema)
+        changes = _staged_rows(own, batches, table_schema, _existing(committer))
         with ChangeBatchDelta(own, committer.lake, identifier, changes, keys, columns, stream.order_column) as delta:
             counts = delta.plan(_existing(committer), committer.expected_snapshot_id)
             properties = _change_summary(committer, stream, batches, counts)
@@ -333,9 +338,15 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
     return _publish(committer, stream, batches, write, kind, properties, counts, dead_letters, started, late_events)
 
 
-def _staged_rows(spark: SparkSession, batches: list[BatchRecord], table_schema: StructType) -> DataFrame:
-    """The accepted rows of the staged ``batches`` as the table's columns, with their operation."""
-    aligned = [accepted_rows(read_staged(spark, record.events_path()), table_schema) for record in batches]
+def _staged_rows(spark: SparkSession, batches: list[BatchRecord], table_schema: StructType, table: Table) -> DataFrame:
+    """The accepted rows of the staged ``batches`` as the table's columns, with their operation;
+    a batch's columns that were renamed since it was staged take their new names (by field id)."""
+    aligned = []
+    for record in batches:
+        staged = read_staged(spark, record.events_path())
+        renamed = renamed_columns(table, record.staged_batch.schema_id)
+        staged = staged.withColumnsRenamed({old: new for old, new in renamed.items() if old in staged.columns})
+        aligned.append(accepted_rows(staged, table_schema))
     return reduce(DataFrame.unionByName, aligned)
 
 

@@ -123,8 +123,9 @@ def promote_narrower_columns(
 
 def schema_changes_since_last_snapshot(table: Table, branch: str = MAIN_BRANCH) -> dict[str, str]:
     """Columns and struct fields of the table's current schema that the schema of the branch's
-    head (or, before the first snapshot, the schema it was created with) does not have or has in
-    another type, with their types now; a new struct is named once, not with each of its fields."""
+    head (or, before the first snapshot, the schema it was created with) does not have, has in
+    another type or as required, with their types now (``optional <type>`` for a column made
+    optional); a new struct is named once, not with each of its fields."""
     snapshot = branch_head(table, branch)
     schema_id = snapshot.schema_id if snapshot is not None else table.metadata.schemas[0].schema_id
     before = next((s for s in table.metadata.schemas if s.schema_id == schema_id), None)
@@ -140,4 +141,37 @@ def schema_changes_since_last_snapshot(table: Table, branch: str = MAIN_BRANCH) 
         kind = schema.find_type(field_id)
         if field_id in known and before is not None and kind.is_primitive and before.find_type(field_id) != kind:
             changes[name] = iceberg_type_name(kind)
+        if field_id in known and before is not None and before.find_field(field_id).required:
+            if not schema.find_field(field_id).required:
+                changes[name] = f"optional {iceberg_type_name(kind)}"
     return changes
+
+
+def relax_required_columns(spark: SparkSession, table_identifier: str, schema: Schema, columns: list[str]) -> list[str]:
+    """Make the top-level ``columns`` that ``schema`` (the table's, read holding its lock) has as
+    required optional; returns those this call changed. Idempotent across hosts: making an
+    optional column optional changes nothing."""
+    relaxed = []
+    for name in columns:
+        try:
+            field = schema.find_field(name, case_sensitive=False)
+        except ValueError:
+            continue  # dropped by an operator since the batch was staged
+        if field.required:
+            spark.sql(f"ALTER TABLE {qualified_name(table_identifier)} ALTER COLUMN `{field.name}` DROP NOT NULL")
+            relaxed.append(field.name)
+    return relaxed
+
+
+def renamed_columns(table: Table, schema_id: int | None) -> dict[str, str]:
+    """The table's top-level columns renamed since its schema ``schema_id``: old name -> name now,
+    matched by field id (a column dropped since has no entry, nor does one renamed back)."""
+    before = next((schema for schema in table.metadata.schemas if schema.schema_id == schema_id), None)
+    if before is None or schema_id == table.schema().schema_id:
+        return {}
+    now = {field.field_id: field.name for field in table.schema().fields}
+    return {
+        field.name: now[field.field_id]
+        for field in before.fields
+        if field.field_id in now and now[field.field_id] != field.name
+    }

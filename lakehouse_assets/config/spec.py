@@ -102,6 +102,14 @@ class PartitionFieldSpec(_Strict):
         return value
 
 
+class SchemaEvolutionSpec(_Strict):
+    """``schema_evolution: {relax_required: true}``: schema evolution as with ``true``, and a
+    required column (not an identifier column) that the events stop carrying becomes optional
+    instead of every such event going to the dead letters."""
+
+    relax_required: bool = False
+
+
 class SchemaSpec(_Strict):
     """Columns and partitioning used when the stream creates its table."""
 
@@ -341,7 +349,7 @@ class StreamSpec(_Strict):
     operation: str | None = None
     identifier_columns: list[str] | None = None
     auto_create: bool = False
-    schema_evolution: bool = False
+    schema_evolution: bool | SchemaEvolutionSpec = False
     table_schema: SchemaSpec = Field(default_factory=SchemaSpec, alias="schema")
     table_properties: StringMap = Field(default_factory=dict)
     table_location: str | None = None
@@ -367,6 +375,11 @@ class StreamSpec(_Strict):
     """Set on the streams that dynamic routing derives (one per resolved table); not a config key."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @property
+    def relaxes_required(self) -> bool:
+        """Whether required columns the events stop carrying become optional (schema evolution)."""
+        return isinstance(self.schema_evolution, SchemaEvolutionSpec) and self.schema_evolution.relax_required
 
     @field_validator("name")
     @classmethod

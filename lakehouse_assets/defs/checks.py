@@ -142,11 +142,12 @@ def table_check_registry(table_identifier: str, streams: list[StreamSpec]) -> li
     declared = streams[0].table_schema.columns
     expectations = blocking_expectations(streams)
     evolves = any(stream.schema_evolution for stream in streams)
+    relaxes = any(stream.relaxes_required for stream in streams)
     registry = [
         (
             names.SCHEMA_CHECK,
             "The committed snapshot's columns, types and required flags are as declared.",
-            lambda snapshot: checks.check_schema(iceberg_connection(), snapshot, declared, evolves),
+            lambda snapshot: checks.check_schema(iceberg_connection(), snapshot, declared, evolves, relaxes),
         ),
         (
             names.ROW_COUNT_CHECK,

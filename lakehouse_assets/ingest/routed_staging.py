@@ -169,7 +169,7 @@ def _stage_group(
             attempts.append((ledger, batch, attempt, figures[index]))
         crash_point(faults.WRITER_AFTER_STAGING)
         for ledger, batch, attempt, found in attempts:
-            record_attempt(ledger, batch.record, attempt, found, run_id, schema.added)
+            record_attempt(ledger, batch.record, attempt, found, run_id, schema)
         return unwritten
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -23,7 +23,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lakehouse_assets.batches.staged_format import EVENT_COLUMN
+from lakehouse_assets.batches.staged_format import DELETE, EVENT_COLUMN
 from lakehouse_assets.catalog.iceberg_types import (
     FIELD_NAME,
     parse_type,
@@ -183,6 +183,30 @@ def columns_needed(lines: DataFrame, stream: StreamSpec, table_schema: T.StructT
         return added | promoted_columns(rows, table_schema)
     finally:
         rows.unpersist()
+
+
+def required_columns_missing(
+    lines: DataFrame, stream: StreamSpec, table_schema: T.StructType, identifier_columns: list[str]
+) -> list[str]:
+    """The required columns (not identifier columns) that some event of the batch, other than a
+    delete, is an object without (or with null for): with ``relax_required`` they become optional."""
+    required = [f.name for f in table_schema.fields if not f.nullable and f.name not in identifier_columns]
+    if not required:
+        return []
+    shape = event_shape(stream, F.col(EVENT_COLUMN), [])
+    rows = lines.select(shape.row.alias("row"), shape.operation.alias("operation"))
+    counted = F.json_object_keys("row").isNotNull() & ~F.coalesce(F.col("operation") == F.lit(DELETE), F.lit(False))
+    found = rows.agg(
+        *[F.max((counted & F.get_json_object("row", _json_path((name,))).isNull()).cast("int")) for name in required]
+    ).first()
+    return [name for index, name in enumerate(required) if found and found[index]]
+
+
+def with_optional(table_schema: T.StructType, columns: list[str]) -> T.StructType:
+    """The table's Spark schema with the top-level ``columns`` optional."""
+    return T.StructType(
+        [T.StructField(f.name, f.dataType, True, f.metadata) if f.name in columns else f for f in table_schema.fields]
+    )
 
 
 def _with_type(current: T.DataType, path: list[str], data_type: T.DataType) -> T.DataType:

@@ -51,7 +51,12 @@ from lakehouse_assets.ingest.kafka_reader import read_kafka_lines
 from lakehouse_assets.ingest.landing_reader import read_landing_lines
 from lakehouse_assets.ingest.parsed_lines import read_parsed_events
 from lakehouse_assets.ingest.quarantine import SPARK_ERRORS, isolate_failing_lines, quarantined_events, without_failing
-from lakehouse_assets.ingest.schema_evolution import columns_needed, with_columns
+from lakehouse_assets.ingest.schema_evolution import (
+    columns_needed,
+    required_columns_missing,
+    with_columns,
+    with_optional,
+)
 from lakehouse_assets.ingest.staged_events import staged_events
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
@@ -219,11 +224,16 @@ def _write_once(
 @dataclass(frozen=True)
 class StagingSchema:
     """What a batch is converted to: the table's columns (with Iceberg types, plus the columns the
-    batch adds or promotes), its identifier columns, and the columns added or promoted (name -> type)."""
+    batch adds or promotes), its identifier columns, the columns added or promoted (name -> type),
+    and the id of the table's schema it was read from (the committer maps the staged columns'
+    names through it by field id, should an operator rename one in the meantime)."""
 
     table_schema: T.StructType
     identifier_columns: list[str]
     added: dict[str, str]
+    schema_id: int
+    relaxed: list[str]
+    """Required columns the batch's events stop carrying, staged as optional (``relax_required``)."""
 
 
 def staging_schema(
@@ -238,18 +248,22 @@ def staging_schema(
     promote columns.
     Raises ConfigError when ``version_column`` is not a column of the table."""
     ensure_table(spark, lake, stream, undeclared_columns)
-    table_schema = with_iceberg_types(
-        spark.table(qualified_name(stream.table_identifier)).schema,
-        lake.require_table(stream.table_identifier).schema(),
-    )
+    iceberg_schema = lake.require_table(stream.table_identifier).schema()
+    table_schema = with_iceberg_types(spark.table(qualified_name(stream.table_identifier)).schema, iceberg_schema)
+    keys = identifier_columns(lake, stream)
     added = columns_needed(lines, stream, table_schema) if stream.schema_evolution and lines is not None else {}
-    table_schema = with_columns(table_schema, added)
+    relaxed = (
+        required_columns_missing(lines, stream, table_schema, keys)
+        if stream.relaxes_required and lines is not None
+        else []
+    )
+    table_schema = with_optional(with_columns(table_schema, added), relaxed)
     if stream.version_column and stream.version_column not in table_schema.fieldNames():
         raise ConfigError(
             f"stream {stream.name!r}: version_column: {stream.version_column!r} is not a column of "
             f"{stream.table_identifier} (columns: {', '.join(table_schema.fieldNames())})"
         )
-    return StagingSchema(table_schema, identifier_columns(lake, stream), added)
+    return StagingSchema(table_schema, keys, added, iceberg_schema.schema_id, relaxed)
 
 
 def stage_batch(
@@ -329,7 +343,7 @@ def stage_batch(
         frame = converted(without_failing(lines(), failing)).unionByName(quarantined)
         metrics = _write_observed(frame, stream, table_schema, sequence, attempt_dir)
     crash_point(faults.WRITER_AFTER_STAGING)
-    return record_attempt(ledger, record, attempt, metrics, run_id, added, staged_snapshot, lost)
+    return record_attempt(ledger, record, attempt, metrics, run_id, schema, staged_snapshot, lost)
 
 
 def record_attempt(
@@ -338,7 +352,7 @@ def record_attempt(
     attempt: str,
     figures: dict,
     run_id: str | None,
-    added: dict[str, str],
+    schema: StagingSchema,
     staged_snapshot: int | None = None,
     lost_offsets: dict[str, list[int]] | None = None,
 ) -> StagingOutcome:
@@ -355,7 +369,9 @@ def record_attempt(
         max_event_time=figures["max_event_time"],
         staged_at=time.time(),
         run_id=run_id,
-        new_columns=added,
+        new_columns=schema.added,
+        relaxed_columns=schema.relaxed,
+        schema_id=schema.schema_id,
         uncoercible_values={name: count for name, count in json.loads(figures["uncoercible"]).items() if count},
         staged_snapshot=staged_snapshot,
         lost_offsets=lost_offsets or {},

@@ -78,9 +78,11 @@ def check_schema(
     snapshot: CommittedSnapshot,
     declared: list[ColumnSpec],
     evolves: bool = False,
+    relaxes: bool = False,
 ) -> CheckOutcome:
     """The snapshot's columns, types and required flags are the declared ones, in order; with schema
-    evolution, optional columns may follow them and a declared type may have been promoted."""
+    evolution, optional columns may follow them and a declared type may have been promoted, and
+    with ``relax_required`` a declared required column may have become optional."""
     if not declared:
         return CheckOutcome(True, "no schema declared; the table's own schema is used")
     described = connection.sql(f"DESCRIBE SELECT * FROM {scan(snapshot.metadata_location, snapshot.snapshot_id)}")
@@ -108,7 +110,8 @@ def check_schema(
     problems = []
     if compared != expected:
         problems.append(f"columns {compared} differ from declared {expected}")
-    if required_actual != required_expected:
+    relaxed_only = relaxes and set(required_actual) <= set(required_expected)
+    if required_actual != required_expected and not relaxed_only:
         problems.append(f"required columns {required_actual} differ from declared {required_expected}")
     added = [f"{name} {kind}" for name, kind in actual[len(expected) :]] if evolves else []
     return CheckOutcome(
