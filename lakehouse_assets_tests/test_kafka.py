@@ -427,3 +427,23 @@ def test_the_broker_killed_as_a_batch_is_read_loses_and_duplicates_nothing(
     assert [row[0] for row in _rows(lake, "market.ticks", "id")] == list(range(300))
     assert _committed_offsets(lake, "market.ticks") == _end_offsets(kafka_broker, topic, 3)
     assert rode_through == 0, paused.log.read_text()[-3000:]
+
+
+def test_a_kafka_value_beyond_its_column_type_promotes_the_column_with_schema_evolution(
+    tmp_path, monkeypatch, kafka_broker, instance
+):
+    topic = _topic(kafka_broker, 2)
+    stream = _ticks_stream(kafka_broker, topic)
+    stream["schema_evolution"] = True
+    columns = [{"name": "id", "type": "long", "required": True}, {"name": "price", "type": "float"}]
+    stream["schema"] = {"columns": columns}
+    lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, stream)
+    producer = _producer(kafka_broker)
+    _produce(producer, topic, [(0, _tick(1))])
+    assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
+    _produce(producer, topic, [(1, json.dumps({"id": 2, "price": 1e300}).encode())])
+
+    assert run_until_idle(build_definitions(lake.config), instance, log=lambda _: None).failed == []
+
+    assert str(lake.require_table("market.ticks").schema().find_field("price").field_type) == "double"
+    assert _rows(lake, "market.ticks", "id, price") == [(1, 0.25), (2, 1e300)]

@@ -355,10 +355,16 @@ def _converted(
             POSITION_COLUMN, F.struct(F.col(f"`{stream.version_column}`"), F.col(POSITION_COLUMN))
         )
     reason = _rejection_reason(fields, stream, identifier_columns)
-    optional = [field for field in fields if field.nullable and field.name not in identifier_columns]
-    # An optional top-level column the event has a value for that did not coerce (a struct's own
-    # fields are not counted).
-    uncoercible = [F.when(_field_present(f) & F.col(f"`{f.name}`").isNull(), F.lit(f.name)) for f in optional]
+    # An optional top-level column the event has a value for that did not coerce (a string always
+    # does; a struct's own fields are not counted). The converted value comes first in the test:
+    # Spark then computes it once for the column and the test (an expression always evaluated is
+    # shared; the right side of an AND is not).
+    optional = [
+        field
+        for field in fields
+        if field.nullable and field.name not in identifier_columns and not isinstance(field.dataType, T.StringType)
+    ]
+    uncoercible = [F.when(F.col(f"`{f.name}`").isNull() & _field_present(f), F.lit(f.name)) for f in optional]
     return converted.select(
         "*",
         reason.alias(REASON_COLUMN),
