@@ -9,8 +9,10 @@ them in ``staged.json``. The committer, holding the table's commit lock, adds th
 still missing and promotes those still narrower before it commits the batch
 (``commit.table_columns``). A value no promotion holds (a fraction into a long, text into a
 number) is cast to the column's type, NULL where it does not fit, as for any optional column.
-Columns are never dropped or renamed. The commit that follows a schema change records the added
-and promoted columns, with their new types, in ``lakehouse.schema-change``.
+With ``relax_required``, a required column (not an identifier column) that a batch's events stop
+carrying is staged optional and made optional before the batch commits. Columns are never dropped
+or renamed. The commit that follows a schema change records the added, promoted and relaxed
+columns, with their new types, in ``lakehouse.schema-change``.
 """
 
 from __future__ import annotations
