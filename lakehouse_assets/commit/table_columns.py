@@ -138,12 +138,13 @@ def schema_changes_since_last_snapshot(table: Table, branch: str = MAIN_BRANCH) 
         if name.rpartition(".")[0] not in added
     }
     for name, field_id in sorted(index_by_name(schema).items()):
+        if before is None or field_id not in known:
+            continue
         kind = schema.find_type(field_id)
-        if field_id in known and before is not None and kind.is_primitive and before.find_type(field_id) != kind:
+        if before.find_field(field_id).required and not schema.find_field(field_id).required:
+            changes[name] = f"optional {iceberg_type_name(kind)}"
+        elif kind.is_primitive and before.find_type(field_id) != kind:
             changes[name] = iceberg_type_name(kind)
-        if field_id in known and before is not None and before.find_field(field_id).required:
-            if not schema.find_field(field_id).required:
-                changes[name] = f"optional {iceberg_type_name(kind)}"
     return changes
 
 

@@ -193,6 +193,12 @@ def coerce_text(raw: Column, data_type: T.DataType, iceberg_type: str | None = N
     return trimmed.cast(data_type)
 
 
+def may_not_coerce(field: T.StructField) -> bool:
+    """Whether an event's value for this column can be written as NULL because it did not coerce:
+    an optional column that is not a string (any value is a string). Identifier columns are required."""
+    return field.nullable and not isinstance(field.dataType, T.StringType)
+
+
 def float_overflows(number: Column) -> Column:
     """Whether a double is finite and a float would make it infinity (beyond a float's range)."""
     infinity = F.lit(float("inf"))
@@ -355,16 +361,13 @@ def _converted(
             POSITION_COLUMN, F.struct(F.col(f"`{stream.version_column}`"), F.col(POSITION_COLUMN))
         )
     reason = _rejection_reason(fields, stream, identifier_columns)
-    # An optional top-level column the event has a value for that did not coerce (a string always
-    # does; a struct's own fields are not counted). The converted value comes first in the test:
-    # Spark then computes it once for the column and the test (an expression always evaluated is
-    # shared; the right side of an AND is not).
-    optional = [
-        field
-        for field in fields
-        if field.nullable and field.name not in identifier_columns and not isinstance(field.dataType, T.StringType)
+    # An optional top-level column the event has a value for that did not coerce (a struct's own
+    # fields are not counted). The converted value comes first in the test: Spark then computes it
+    # once for the column and the test (an expression always evaluated is shared; the right side
+    # of an AND is not).
+    uncoercible = [
+        F.when(F.col(f"`{f.name}`").isNull() & _field_present(f), F.lit(f.name)) for f in fields if may_not_coerce(f)
     ]
-    uncoercible = [F.when(F.col(f"`{f.name}`").isNull() & _field_present(f), F.lit(f.name)) for f in optional]
     return converted.select(
         "*",
         reason.alias(REASON_COLUMN),

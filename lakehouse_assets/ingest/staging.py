@@ -45,7 +45,13 @@ from lakehouse_assets.commit.tables import ensure_table, identifier_columns
 from lakehouse_assets.config.spec import ColumnSpec, StreamSpec
 from lakehouse_assets.errors import ConfigError, LakehouseError
 from lakehouse_assets.faults import crash_point
-from lakehouse_assets.ingest.conversion import convert_events, convert_parsed_events, row_fields, with_iceberg_types
+from lakehouse_assets.ingest.conversion import (
+    convert_events,
+    convert_parsed_events,
+    may_not_coerce,
+    row_fields,
+    with_iceberg_types,
+)
 from lakehouse_assets.ingest.inference import SAMPLE_EVENTS, infer_columns
 from lakehouse_assets.ingest.kafka_reader import read_kafka_lines
 from lakehouse_assets.ingest.landing_reader import read_landing_lines
@@ -140,13 +146,13 @@ def batch_figures(stream: StreamSpec, table_schema: T.StructType) -> list[Column
         F.count(F.when(~accepted, 1)).alias("rejected"),
         F.date_format(F.min(event_times), ISO_8601_UTC).alias("min_event_time"),
         F.date_format(F.max(event_times), ISO_8601_UTC).alias("max_event_time"),
-        _uncoercible_counts([field.name for field in table_schema if field.nullable], accepted).alias("uncoercible"),
+        _uncoercible_counts([f.name for f in table_schema if may_not_coerce(f)], accepted).alias("uncoercible"),
     ]
 
 
 def _uncoercible_counts(optional_columns: list[str], accepted: Column) -> Column:
-    """A JSON object from each optional column to the accepted events whose value for it did not
-    coerce (text: an observation hands back only primitive values as Python's)."""
+    """A JSON object from each column that may not coerce to the accepted events whose value for it
+    did not (text: an observation hands back only primitive values as Python's)."""
     if not optional_columns:
         return F.lit("{}")
     uncoercible = F.col(UNCOERCIBLE_COLUMN)
