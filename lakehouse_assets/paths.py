@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from lakehouse_assets.errors import ConfigError
 HOME_ENV = "LAKEHOUSE_HOME"
 STORAGE_ROOT_ENV = "LAKEHOUSE_STORAGE_ROOT"
 DEFAULT_HOME = ".lakehouse"
+DAGSTER_HOME_ENV = "DAGSTER_HOME"
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,12 @@ class LakehousePaths:
     @property
     def dagster_home(self) -> Path:
         return self.home / "dagster"
+
+    def written_directories(self) -> list[Path]:
+        """Where the lakehouse writes: the storage root, the home, the Dagster instance
+        (``$DAGSTER_HOME``) and the temporary directory, Spark's scratch."""
+        dagster = Path(os.environ.get(DAGSTER_HOME_ENV, self.dagster_home))
+        return [self.storage, self.home, dagster, Path(tempfile.gettempdir())]
 
 
 def _mounted_path(root: str) -> Path:

@@ -8,11 +8,13 @@ triggers say, so "idle" means nothing is pending.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import dagster as dg
+from dagster_shared.error import SerializableErrorInfo
 
 from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
@@ -21,14 +23,26 @@ from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runtime.instance_settings import dagster_home, ensure_instance_settings
 from lakehouse_assets.runtime.run_liveness import LIVENESS_TAG, RunProcess, release_run_lock, run_process
 from lakehouse_assets.runtime.run_states import LAUNCHED
+from lakehouse_assets.storage_space import StorageFullError, StorageRefusedError, storage_failure
 
 RUN_KEY_TAG = "dagster/run_key"
 SENSOR_NAME_TAG = "dagster/sensor_name"
-# Step-by-step events still go to the instance (and the UI); the console shows warnings and errors.
-QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 # Runs executed here keep one Spark JVM in this process rather than use the Spark host.
 IN_PROCESS_SPARK = {"spark": {"config": {"use_host": False}}}
 UNTIL_IDLE_RESOURCES = {"lakehouse": {"config": {"until_idle": True}}}
+
+
+@dg.logger(config_schema={}, description="The console of runs executed in this process: their warnings")
+def warnings_console(_context: dg.InitLoggerContext) -> logging.Logger:
+    """Step-by-step events still go to the instance (and the UI); the console shows warnings. A
+    failed run is the caller's one line (``failure_line``) instead of Dagster's error events, each
+    of which repeats the whole chain of errors with their stack traces."""
+    console = logging.Logger("lakehouse.runs", logging.WARNING)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s - %(levelname)s - %(message)s"))
+    console.addHandler(handler)
+    console.addFilter(lambda record: record.levelno < logging.ERROR)
+    return console
 
 
 @dataclass
@@ -94,10 +108,10 @@ def run_job(
         checks = None if asset_check_selection is None else set(asset_check_selection)
         job = job.get_subset(asset_selection=set(asset_selection), asset_check_selection=checks)
     run_config = run_config or {}
-    result = job.execute_in_process(
+    result = job.with_logger_defs({"console": warnings_console}).execute_in_process(
         run_config={
             **run_config,
-            **QUIET_CONSOLE,
+            "loggers": {"console": {}},  # a logger named in the run's config, or Dagster's default
             "resources": {**run_config.get("resources", {}), **IN_PROCESS_SPARK},
         },
         instance=instance,
@@ -106,6 +120,43 @@ def run_job(
     )
     release_run_lock(result.run_id)
     return result
+
+
+def _step_errors(result: dg.ExecuteInProcessResult) -> list[tuple[str, SerializableErrorInfo]]:
+    """Each failed step and the error its op raised (inside Dagster's wrapping error)."""
+    errors = []
+    for event in result.all_events:
+        if not event.is_step_failure or event.step_failure_data.error is None:
+            continue
+        error = event.step_failure_data.error
+        while error.cls_name == "DagsterExecutionStepExecutionError" and error.cause is not None:
+            error = error.cause
+        errors.append((event.step_key or "", error))
+    return errors
+
+
+def _first_line(error: SerializableErrorInfo) -> str:
+    """The first line of the error's own message (Dagster's starts with the error's qualified name)."""
+    first = error.message.strip().partition("\n")[0]
+    return first.partition(": ")[2] or first
+
+
+def failure_line(result: dg.ExecuteInProcessResult) -> str:
+    """What made the run fail, in one line: its first failed step and that step's error."""
+    for step, error in _step_errors(result):
+        return f"{step}: {error.cls_name}: {_first_line(error)}"
+    return "no step failed; see the run in `dagster dev`"
+
+
+def _raise_if_storage_refused(result: dg.ExecuteInProcessResult, label: str) -> None:
+    """StorageRefusedError when a file system refused the failed run's writes: every other run would
+    fail alike, so running on until idle would only repeat the error."""
+    for _, error in _step_errors(result):
+        if error.cls_name == StorageFullError.__name__:
+            raise StorageRefusedError(_first_line(error))
+        full = storage_failure(error.to_string(), label, LakehousePaths.from_env().written_directories())
+        if full is not None:
+            raise full
 
 
 def dagster_instance(paths: LakehousePaths) -> dg.DagsterInstance:
@@ -174,8 +225,11 @@ def run_until_idle(
                 result = run_job(job, instance, run_config, tags, *selection)
                 label = f"{job.name} ({request.run_key or 'no run key'}) run {result.run_id}"
                 (report.succeeded if result.success else report.failed).append(label)
+                if not result.success:
+                    _raise_if_storage_refused(result, label)
                 log(("ok     " if result.success else "FAILED ") + label)
                 if not result.success:
+                    log(f"       {failure_line(result)}")
                     stalled.add(sensor.name)
                     for check in result.get_asset_check_evaluations():
                         if not check.passed and check.severity == dg.AssetCheckSeverity.ERROR:

@@ -50,7 +50,7 @@ def test_no_module_imports_itself_through_others():
 
 
 LAYERS = [
-    ["errors", "faults", "paths", "locks", "config.env_references"],
+    ["errors", "faults", "paths", "locks", "storage_space", "config.env_references"],
     ["jvm"],
     ["catalog.catalogs", "catalog.iceberg_types"],
     ["config"],

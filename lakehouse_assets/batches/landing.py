@@ -108,8 +108,9 @@ def write_landing_file(
             handle.writelines(lines)
             handle.flush()
             os.fsync(handle.fileno())
-    except OSError:
+    except OSError as error:
         temporary.unlink(missing_ok=True)  # a full disk is not filled further by retries
+        error.filename = error.filename or str(temporary)  # a failed write() names no file
         raise
     if before_publish:
         before_publish(final)

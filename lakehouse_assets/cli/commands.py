@@ -26,6 +26,7 @@ from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.quality.checks import current_snapshot
 from lakehouse_assets.runner import dagster_instance, run_job, run_pipeline_until_idle
 from lakehouse_assets.source.iceberg_source import forget_cursor
+from lakehouse_assets.storage_space import StorageRefusedError, format_bytes
 
 
 def ingest(args: argparse.Namespace) -> int:
@@ -33,6 +34,9 @@ def ingest(args: argparse.Namespace) -> int:
     stream = lake.stream(args.stream)
     if stream.iceberg_source:
         raise ConfigError(f"stream {stream.name!r} takes its events from Iceberg table {stream.source_table.table}")
+    refusal = lake.storage_room().producer_refusal()
+    if refusal:
+        raise StorageRefusedError(refusal)
     if args.file == "-":
         landed = land_events(lake.paths, stream, sys.stdin.buffer, origin="stdin")
     else:
@@ -192,7 +196,19 @@ def source_reload(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_storage(storage: dict) -> None:
+    free = "read-only" if storage["storage_read_only"] else f"{format_bytes(storage['storage_free_bytes'])} free"
+    print(
+        f"storage root {storage['storage_root']}: {free} of {format_bytes(storage['storage_total_bytes'])}; "
+        f"{format_bytes(storage['backlog_bytes'])} landed and not committed (committing it needs about "
+        f"{format_bytes(storage['backlog_commit_bytes'])}); producers are refused below "
+        f"{format_bytes(storage['producers_refused_below_bytes'])} free"
+    )
+
+
 def _print_status(entries: list[dict]) -> None:
+    if entries:
+        _print_storage(entries[0]["storage"])
     for entry in entries:
         if not entry["exists"]:
             print(f"{entry['table']}: not created yet")

@@ -16,6 +16,25 @@ from lakehouse_assets.engine.spark import start_jvm_in_background
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.micro_batching import work_may_be_waiting
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.storage_space import STORAGE_EXIT_CODE, StorageRefusedError, storage_failure
+
+DOING = {
+    "init": "writing the project's files",
+    "ingest": "landing events",
+    "serve": "serving events",
+    "run": "running the pipeline",
+    "status": "reading the status",
+    "maintain": "maintaining the tables",
+    "check": "checking the tables",
+    "dlq_replay": "replaying dead letters",
+    "source_reload": "forgetting the source's checkpoint",
+    "audit_publish": "publishing the audited snapshot",
+    "audit_discard": "discarding the audited commits",
+    "sql": "querying the tables",
+    "demo": "running the demo",
+}
+"""What each command was doing, for the one line a full or read-only file system ends it with."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,9 +159,21 @@ def main(argv: list[str] | None = None) -> int:
         from lakehouse_assets.cli import commands
 
         return getattr(commands, args.handler)(args)
-    except LakehouseError as error:
+    except Exception as error:
+        full = error if isinstance(error, StorageRefusedError) else None
+        full = full or storage_failure(error, DOING[args.handler], _written())
+        if full is not None:
+            print(f"lakehouse: {full}", file=sys.stderr)
+            return STORAGE_EXIT_CODE
+        if not isinstance(error, LakehouseError):
+            raise
         print(f"lakehouse: {error}", file=sys.stderr)
         return 2
+
+
+def _written() -> list[Path]:
+    """The directories a command writes to (``LakehousePaths.written_directories``)."""
+    return LakehousePaths.from_env().written_directories()
 
 
 def entry_point() -> None:

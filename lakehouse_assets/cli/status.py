@@ -69,7 +69,9 @@ def _audit_progress(config: LakehouseConfig, table_identifier: str, table: Table
 
 
 def lakehouse_status(lake: Lakehouse, instance: dg.DagsterInstance | None) -> list[dict[str, Any]]:
-    """One entry per table with its streams' progress and the last check results."""
+    """One entry per table with its streams' progress, the last check results and the storage
+    root's room (``batches.headroom``: the same for every table)."""
+    storage = lake.storage_room().as_status()
     report = []
     for table_identifier, streams in lake.config.tables.items():
         table = lake.table(table_identifier)
@@ -103,6 +105,7 @@ def lakehouse_status(lake: Lakehouse, instance: dg.DagsterInstance | None) -> li
                 **table_stats(table),
                 "streams": stream_entries,
                 "last_checks": _last_checks(instance, table_identifier, streams),
+                "storage": storage,
             }
             | _audit_progress(lake.config, table_identifier, table)
         )

@@ -605,6 +605,16 @@ class HttpServerSpec(_Strict):
     503 with ``Retry-After``, so a stopped pipeline cannot fill the disk."""
 
 
+class StorageSpec(_Strict):
+    """The storage root's headroom (``batches/headroom.py``)."""
+
+    min_free_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    """Producers (``lakehouse ingest``, ``lakehouse serve``: 503) are refused while the storage root
+    has less free than this plus half the landed bytes not committed yet, so the pipeline can always
+    commit what has landed. The default is twice the default ``flush.max_bytes``: Spark's scratch for
+    one batch, the metadata and the Dagster instance."""
+
+
 class LakehouseConfig(_Strict):
     """The whole pipeline: catalog properties for catalog ``lake`` and the streams."""
 
@@ -612,6 +622,7 @@ class LakehouseConfig(_Strict):
     spark: StringMap = Field(default_factory=dict)
     spark_host: SparkHostSpec = Field(default_factory=SparkHostSpec)
     http: HttpServerSpec = Field(default_factory=HttpServerSpec)
+    storage: StorageSpec = Field(default_factory=StorageSpec)
     streams: list[StreamSpec]
 
     @field_validator("catalog")

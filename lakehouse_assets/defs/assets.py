@@ -6,6 +6,7 @@ import time
 
 import dagster as dg
 
+from lakehouse_assets.batches.headroom import uncommitted_landing_bytes
 from lakehouse_assets.batches.landing import http_events_in
 from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.defs import names
@@ -17,6 +18,7 @@ from lakehouse_assets.ingest.kafka_batching import kafka_progress
 from lakehouse_assets.ingest.routing import route_batches
 from lakehouse_assets.ingest.staging import minted_record, stage_batch
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.storage_space import space_of
 
 NEW_TABLES_NAMED = 10
 """How many new routed tables the router's warning names (the metadata lists them all)."""
@@ -81,6 +83,9 @@ def staged_batches_asset(stream: StreamSpec) -> dg.AssetsDefinition:
                 "staged_snapshot": str(staged.staged_snapshot or ""),
                 "max_event_time": staged.max_event_time or "",
                 "stage_seconds": round(time.monotonic() - started, 3),
+                # The storage root's room (``lakehouse status`` shows every stream's backlog).
+                "storage_free_bytes": space_of(lake.paths.storage).free_bytes,
+                "landed_not_committed_bytes": uncommitted_landing_bytes(lake.paths, stream),
             }
         )
 

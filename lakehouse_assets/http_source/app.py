@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from lakehouse_assets.batches.headroom import uncommitted_landing_bytes
 from lakehouse_assets.batches.landing import landing_dir
 from lakehouse_assets.config.env_references import resolve_env_references
 from lakehouse_assets.config.spec import HttpServerSpec, StreamSpec
-from lakehouse_assets.http_source.backlog import uncommitted_landing_bytes
 from lakehouse_assets.http_source.group_commit import GroupCommit
 from lakehouse_assets.http_source.idempotency import Acknowledgement, IdempotencyJournal
 from lakehouse_assets.http_source.metrics import UNKNOWN_STREAM, HttpMetrics
@@ -30,6 +30,7 @@ from lakehouse_assets.http_source.openapi import openapi_document
 from lakehouse_assets.http_source.refusals import Refused
 from lakehouse_assets.http_source.request_body import decoded, event_lines, read_body
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.storage_space import storage_failure
 
 LOG = logging.getLogger("lakehouse.http")
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
@@ -56,7 +57,10 @@ class HttpSource:
     def __init__(self, lake: Lakehouse) -> None:
         config, paths = lake.config, lake.paths
         self.limits: HttpServerSpec = config.http
+        self.lake = lake
         self.paths = paths
+        self.storage_refusal: str | None = None
+        """Why producers are refused to keep room for the drain (``batches.headroom``), or None."""
         self.metrics = HttpMetrics()
         self.streams: dict[str, ServedStream] = {}
         for stream in config.streams:
@@ -91,6 +95,11 @@ class HttpSource:
                     LOG.warning("stream %r: could not measure its backlog: %s", name, error)
                 self.metrics.pending.labels(name).set(served.uncommitted_bytes + served.landing.queued_bytes)
                 served.journal.expire(time.time())
+            try:
+                room = await asyncio.to_thread(self.lake.storage_room)
+                self.storage_refusal = room.producer_refusal()
+            except OSError as error:  # keeps the last verdict; the next poll measures again
+                LOG.warning("could not measure the storage root's free space: %s", error)
             await asyncio.sleep(BACKLOG_POLL_SECONDS)
 
     def authorized(self, stream_name: str, authorization: str | None) -> ServedStream:
@@ -186,6 +195,8 @@ class HttpSource:
         lines = await asyncio.to_thread(event_lines, events, request.headers.get("content-type"))
         if not lines:
             return Acknowledgement(0, "", time.time(), digest)
+        if self.storage_refusal:
+            raise Refused(503, "storage", self.storage_refusal, {"Retry-After": RETRY_AFTER_SECONDS})
         if served.uncommitted_bytes + served.landing.queued_bytes > self.limits.max_pending_bytes:
             raise Refused(
                 503,
@@ -208,10 +219,11 @@ def _decoded_and_digest(body: bytes, encoding: str | None, limit: int, key: str 
 
 
 def _not_landed(error: OSError) -> Refused:
+    full = storage_failure(error, "landing the events", [])
     return Refused(
         503,
         "storage",
-        f"the events could not be landed ({error.strerror or error})",
+        str(full) if full else f"the events could not be landed ({error.strerror or error})",
         {"Retry-After": RETRY_AFTER_SECONDS},
     )
 

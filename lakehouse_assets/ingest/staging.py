@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakehouse_assets import faults
+from lakehouse_assets.batches.headroom import commit_bytes
 from lakehouse_assets.batches.landing import landing_dir
 from lakehouse_assets.batches.ledger import EVENTS_DIR, BatchRecord, StagedBatch, StreamLedger
 from lakehouse_assets.batches.staged_format import (
@@ -69,6 +70,7 @@ from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.source.iceberg_source import source_columns
 from lakehouse_assets.source.kafka_log import KafkaLog, lost_offsets, records_lost_error
+from lakehouse_assets.storage_space import refused_write, require_free_bytes
 
 # Event times in the ledger and in snapshot summaries: ISO 8601 in UTC (the session time zone), so
 # they compare correctly as strings.
@@ -323,6 +325,8 @@ def stage_batch(
     def converted(subset: DataFrame) -> DataFrame:
         return staged_events(convert_events(subset, table_schema, stream, keys), table_schema, keys)
 
+    # The batch's Parquet, staged or the table's own, takes about this much room (``headroom``).
+    require_free_bytes(ledger.root, commit_bytes(minted.bytes), f"staging batch {sequence} of {stream.name}")
     attempt, attempt_dir = ledger.new_attempt(sequence)
     staged_snapshot = None
     try:
@@ -336,7 +340,11 @@ def stage_batch(
             )
         else:
             metrics = _write_observed(converted(lines()), stream, table_schema, sequence, attempt_dir)
-    except SPARK_ERRORS:
+    except SPARK_ERRORS as error:
+        if refused_write(error):
+            # A file system that refuses writes fails every event alike: nothing to isolate.
+            shutil.rmtree(attempt_dir, ignore_errors=True)
+            raise
         # The safety net: find the events Spark fails on, dead-letter them, stage the rest.
         failing = isolate_failing_lines(
             lines(), lambda span: converted(span).write.format("noop").mode("overwrite").save()

@@ -15,9 +15,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.paths import DAGSTER_HOME_ENV, LakehousePaths
 
-DAGSTER_HOME_ENV = "DAGSTER_HOME"
 SETTINGS_FILE = "dagster.yaml"
 LAUNCHER_MARKER = "lakehouse_assets.runtime.run_launcher"
 """Text every copy of the project's settings holds: its run launcher."""
