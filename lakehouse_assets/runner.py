@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import dagster as dg
-from dagster_shared.error import SerializableErrorInfo
 
 from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runtime.instance_settings import dagster_home, ensure_instance_settings
+from lakehouse_assets.runtime.run_failures import failure_line, first_line, op_errors
 from lakehouse_assets.runtime.run_liveness import LIVENESS_TAG, RunProcess, release_run_lock, run_process
 from lakehouse_assets.runtime.run_states import LAUNCHED
 from lakehouse_assets.storage_space import StorageFullError, StorageRefusedError, storage_failure
@@ -122,38 +122,12 @@ def run_job(
     return result
 
 
-def _step_errors(result: dg.ExecuteInProcessResult) -> list[tuple[str, SerializableErrorInfo]]:
-    """Each failed step and the error its op raised (inside Dagster's wrapping error)."""
-    errors = []
-    for event in result.all_events:
-        if not event.is_step_failure or event.step_failure_data.error is None:
-            continue
-        error = event.step_failure_data.error
-        while error.cls_name == "DagsterExecutionStepExecutionError" and error.cause is not None:
-            error = error.cause
-        errors.append((event.step_key or "", error))
-    return errors
-
-
-def _first_line(error: SerializableErrorInfo) -> str:
-    """The first line of the error's own message (Dagster's starts with the error's qualified name)."""
-    first = error.message.strip().partition("\n")[0]
-    return first.partition(": ")[2] or first
-
-
-def failure_line(result: dg.ExecuteInProcessResult) -> str:
-    """What made the run fail, in one line: its first failed step and that step's error."""
-    for step, error in _step_errors(result):
-        return f"{step}: {error.cls_name}: {_first_line(error)}"
-    return "no step failed; see the run in `dagster dev`"
-
-
 def _raise_if_storage_refused(result: dg.ExecuteInProcessResult, label: str) -> None:
     """StorageRefusedError when a file system refused the failed run's writes: every other run would
     fail alike, so running on until idle would only repeat the error."""
-    for _, error in _step_errors(result):
+    for _, error in op_errors(result.all_events):
         if error.cls_name == StorageFullError.__name__:
-            raise StorageRefusedError(_first_line(error))
+            raise StorageRefusedError(first_line(error))
         full = storage_failure(error.to_string(), label, LakehousePaths.from_env().written_directories())
         if full is not None:
             raise full
@@ -229,7 +203,8 @@ def run_until_idle(
                     _raise_if_storage_refused(result, label)
                 log(("ok     " if result.success else "FAILED ") + label)
                 if not result.success:
-                    log(f"       {failure_line(result)}")
+                    reason = failure_line(result.all_events)
+                    log(f"       {reason or 'see the run in `dagster dev`'}")
                     stalled.add(sensor.name)
                     for check in result.get_asset_check_evaluations():
                         if not check.passed and check.severity == dg.AssetCheckSeverity.ERROR:

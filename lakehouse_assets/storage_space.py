@@ -92,17 +92,16 @@ class StorageFullError(StorageRefusedError):
         super().__init__(doing, space, code, needed_bytes)
 
     def __str__(self) -> str:
-        condition = {
-            errno.ENOSPC: "is full"
-            if self.needed_bytes is None
-            else f"lacks the {format_bytes(self.needed_bytes)} it needs",
-            errno.EDQUOT: "is over its disk quota",
-            errno.EROFS: "is read-only",
-        }[self.code]
-        return (
-            f"{self.doing}: the file system of {self.space.path} {condition} ({self.space.describe()}); "
-            "nothing partial was kept: free space (or make it writable) and run it again"
-        )
+        where = f"{self.doing}: the file system of {self.space.path}"
+        if self.code == errno.EROFS:
+            return f"{where} is read-only; nothing partial was kept: make it writable and run it again"
+        if self.code == errno.EDQUOT:
+            condition = "is over its disk quota"
+        elif self.needed_bytes is None:
+            condition = "is full"
+        else:
+            condition = f"lacks the {format_bytes(self.needed_bytes)} it needs"
+        return f"{where} {condition} ({self.space.describe()}); nothing partial was kept: free space and run it again"
 
 
 def require_free_bytes(directory: Path, needed_bytes: int, doing: str) -> None:

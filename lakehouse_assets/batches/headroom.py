@@ -54,8 +54,8 @@ class StorageRoom:
         return self.min_free_bytes + commit_bytes(self.backlog_bytes)
 
     def producer_refusal(self) -> str | None:
-        """Why producers may land nothing now, or None."""
-        if not self.space.read_only and self.space.free_bytes >= self.needed_bytes:
+        """Why producers may land nothing now, or None (a read-only file system refuses the write itself)."""
+        if self.space.read_only or self.space.free_bytes >= self.needed_bytes:
             return None
         return (
             f"the storage root {self.space.path} has {self.space.describe()}, below the "

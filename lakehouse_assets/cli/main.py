@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.storage_space import STORAGE_EXIT_CODE, StorageRefusedError, storage_failure
 
+JVM_START_WAIT_SECONDS = 60.0
 DOING = {
     "init": "writing the project's files",
     "ingest": "landing events",
@@ -134,13 +136,14 @@ def _timestamp(text: str) -> datetime:
 def main(argv: list[str] | None = None) -> int:
     """Run the command ``argv`` names (default: this process's arguments); returns its exit code."""
     args = build_parser().parse_args(argv)
+    jvm_starting: threading.Thread | None = None
     try:
         if args.handler == "run" and args.until_idle:
             lake = Lakehouse.from_env()
             if work_may_be_waiting(lake):
                 # The writer run's JVM starts while Dagster is imported and loads its instance
                 # and definitions (about 2.5 s of a cold run), instead of after.
-                start_jvm_in_background(lake.config)
+                jvm_starting = start_jvm_in_background(lake.config)
         if args.handler == "init":
             from lakehouse_assets.ops.init import init_project
 
@@ -160,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return getattr(commands, args.handler)(args)
     except Exception as error:
+        if jvm_starting is not None:
+            # A JVM still starting when the process exits prints Spark's stack traces of its
+            # interrupted start after the command's one line.
+            jvm_starting.join(JVM_START_WAIT_SECONDS)
         full = error if isinstance(error, StorageRefusedError) else None
         full = full or storage_failure(error, DOING[args.handler], _written())
         if full is not None:

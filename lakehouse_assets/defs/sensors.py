@@ -20,6 +20,8 @@ from lakehouse_assets.engine.spark_host import start_in_background
 from lakehouse_assets.ingest.fan_in import tables_with_pending_routes
 from lakehouse_assets.ingest.micro_batching import NO_PENDING_EVENTS, mint_next_batch
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.paths import LakehousePaths
+from lakehouse_assets.runtime.run_failures import recorded_failure
 from lakehouse_assets.runtime.run_states import FAILED, UNFINISHED
 
 MAX_BATCHES_PER_TICK = 16
@@ -101,10 +103,17 @@ def committer_backoff(instance: dg.DagsterInstance, job_name: str, now: float | 
     remaining = retry_at - (time.time() if now is None else now)
     if remaining <= 0:
         return None
+    latest = records[0].dagster_run.run_id
     return (
-        f"the last {failures} runs of {job_name} failed (latest {records[0].dagster_run.run_id}); "
+        f"the last {failures} runs of {job_name} failed (latest {latest}{_because(instance, latest)}); "
         f"requesting the tables again in {remaining:.0f}s"
     )
+
+
+def _because(instance: dg.DagsterInstance, run_id: str) -> str:
+    """``: <why the run failed>`` (``run_failures.recorded_failure``), or nothing when no step failed."""
+    reason = recorded_failure(instance, run_id, LakehousePaths.from_env().written_directories())
+    return f": {reason}" if reason else ""
 
 
 class UnstagedBatch(NamedTuple):
@@ -145,7 +154,10 @@ def unstaged_batch_request(instance: dg.DagsterInstance, batch: MintedBatch, now
     if latest.status not in FAILED or not _retries_exhausted(instance, latest, failed_at, now):
         return UnstagedBatch(writer_run_request(batch, retry), None)
     backoff = writer_retry_backoff(retry + 1)
-    failure = f"batch {batch.stream}:{batch.sequence}: writer run {latest.run_id} failed and Dagster will not retry it"
+    failure = (
+        f"batch {batch.stream}:{batch.sequence}: writer run {latest.run_id} failed"
+        f"{_because(instance, latest.run_id)}; Dagster will not retry it"
+    )
     if now < failed_at + backoff:
         when = f"in {failed_at + backoff - now:.0f}s ({backoff:.0f}s after the failure)"
         return UnstagedBatch(None, f"{failure}; requesting the batch again (retry {retry + 1}) {when}", failed=True)

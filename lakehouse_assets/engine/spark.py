@@ -164,8 +164,8 @@ def jvm_session(config: LakehouseConfig, start: JvmStart | None = None) -> Spark
     return root
 
 
-def start_jvm_in_background(config: LakehouseConfig) -> None:
-    """Start this process's JVM (``jvm_session``) on a daemon thread and return at once, so it
+def start_jvm_in_background(config: LakehouseConfig) -> threading.Thread:
+    """Start this process's JVM (``jvm_session``) on a daemon thread and return it at once, so it
     starts while the caller loads Dagster; the first ``lakehouse_session`` waits for it. A start
     that fails is left to that call, which starts the JVM again and raises the error."""
 
@@ -173,7 +173,9 @@ def start_jvm_in_background(config: LakehouseConfig) -> None:
         with contextlib.suppress(Exception):
             jvm_session(config)
 
-    threading.Thread(target=start, name="lakehouse-jvm-start", daemon=True).start()
+    starting = threading.Thread(target=start, name="lakehouse-jvm-start", daemon=True)
+    starting.start()
+    return starting
 
 
 def _add_kafka_source(session: SparkSession, config: LakehouseConfig) -> None:

@@ -100,8 +100,10 @@ def run_query(connection: duckdb.DuckDBPyConnection, query: str, known: list[str
         raise QueryError(message) from None
 
 
-def write_result(result: QueryResult, output_format: str, out: TextIO = sys.stdout) -> None:
-    """Print ``result`` as an aligned table, a JSON array of objects, or CSV with a header."""
+def write_result(result: QueryResult, output_format: str, out: TextIO | None = None) -> None:
+    """Print ``result`` as an aligned table, a JSON array of objects, or CSV with a header (to
+    ``out``, by default this process's standard output as it is at the call)."""
+    out = out or sys.stdout
     if output_format == "json":
         json.dump([dict(zip(result.columns, row, strict=True)) for row in result.rows], out, default=str, indent=1)
         out.write("\n")

@@ -236,7 +236,11 @@ def test_a_writer_run_failed_past_its_retries_is_requested_again_after_a_backoff
         # The daemon would skip run key orders:2 for ever; the sensor says it backs off instead.
         tick = _landing_tick(lake.config, instance)
         assert tick.run_requests == []
-        assert f"writer run {run.run_id} failed and Dagster will not retry it" in tick.skip_message
+        # The skip reason says why the run failed: the op's error, in one line.
+        assert f"writer run {run.run_id} failed: staging__orders_batches: " in tick.skip_message
+        assert f"{new_file}; landing files must never be removed before commit; Dagster will not retry it" in (
+            tick.skip_message
+        )
         assert "requesting the batch again (retry 1) in" in tick.skip_message
         failed_at = instance.get_run_record_by_id(run.run_id).end_time
         minted = lake.ledger("orders").batch(2).minted
