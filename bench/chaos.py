@@ -16,7 +16,11 @@ seeded random intervals of ``--min-gap``-``--max-gap`` seconds, it SIGKILLs one 
 runtime (or, for ``--sigterm-share`` of them, sends SIGTERM as a supervisor stopping it would): the
 Spark host, the host's JVM, a run worker, or (at least once, ``--orchestrator-kills``) the whole
 ``dagster dev`` process group, which it then starts again as an operator's supervisor would, and
-(``--broker-kills``) the Kafka broker, started again after ``--broker-down`` seconds.
+(``--broker-kills``) the Kafka broker, started again after ``--broker-down`` seconds. With
+``--disk-fulls`` the lakehouse home is a tmpfs of ``--disk-bytes`` the benchmark mounts (root only;
+the Dagster instance stays on the regular disk, as production keeps it in PostgreSQL), filled to its
+last byte for ``--disk-full-seconds`` that many times; the producer lands each chunk again until the
+disk takes it, as a producer retries a refused write.
 After the last chunk it waits, up to ``--drain-timeout``, until DuckDB reads every table equal to
 its oracle (the append ids once each; the key model of the changes applied in order; each
 region's ids once each; the Kafka ids once each; the Debezium key model) and no run is queued or
@@ -59,7 +63,7 @@ CHANGE_STREAM, CHANGE_TABLE = "chaos_changes", "chaos.accounts"
 ROUTED_STREAM, REGIONS = "chaos_routed", ("eu", "us", "ap")
 KAFKA_STREAM, KAFKA_TABLE, KAFKA_TOPIC, KAFKA_PARTITIONS = "chaos_kafka", "chaos.kafka_events", "chaos-events", 4
 DEBEZIUM_STREAM, DEBEZIUM_TABLE, DEBEZIUM_TOPIC, DEBEZIUM_PARTITIONS = "chaos_cdc", "chaos.customers", "chaos-cdc", 2
-KINDS = ("spark-host", "spark-jvm", "run-worker", "dagster-dev", "kafka-broker")
+KINDS = ("spark-host", "spark-jvm", "run-worker", "dagster-dev", "kafka-broker", "disk-full")
 FINAL_STATUSES = ("SUCCESS", "FAILURE", "CANCELED")
 VICTIM_WAIT_SECONDS = 5.0
 VICTIM_PATIENCE_SECONDS = 60.0
@@ -86,6 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--broker-kills", type=int, default=1, help="SIGKILLs of the Kafka broker")
     parser.add_argument("--broker-down", type=float, default=5, help="seconds the killed broker stays down")
+    parser.add_argument("--disk-fulls", type=int, default=0, help="times the home's disk is filled (root only)")
+    parser.add_argument("--disk-full-seconds", type=float, default=30, help="how long each fill lasts")
+    parser.add_argument("--disk-bytes", type=int, default=2 * 1024**3, help="the size of the home's tmpfs")
     parser.add_argument("--sigterm-share", type=float, default=0.25, help="share of SIGTERM among the other kills")
     parser.add_argument("--drain-timeout", type=float, default=300, help="seconds to wait after the last chunk")
     parser.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for dagster dev")
@@ -206,6 +213,7 @@ class Producer(threading.Thread):
         }
         self.kafka = KafkaProducer(settings) if bootstrap_servers else None
         self.undelivered: list[str] = []
+        self.refused_writes = 0
 
     def run(self) -> None:
         try:
@@ -213,8 +221,22 @@ class Producer(threading.Thread):
         except BaseException as error:  # noqa: BLE001 - reported by the main thread
             self.error = error
 
-    def _produce(self) -> None:
+    def _land(self, lake: Any, stream: str, lines: list[str]) -> None:
+        """Land ``lines`` (the oracle has them already), again every second while the disk refuses them."""
         from lakehouse_assets.batches.landing import land_events
+        from lakehouse_assets.storage_space import REFUSING_ERRNOS
+
+        while True:
+            try:
+                land_events(lake.paths, lake.stream(stream), lines)
+                return
+            except OSError as refused:
+                if refused.errno not in REFUSING_ERRNOS:
+                    raise
+                self.refused_writes += 1
+                time.sleep(1.0)
+
+    def _produce(self) -> None:
         from lakehouse_assets.lakehouse import Lakehouse
 
         lake = Lakehouse.from_env()
@@ -224,9 +246,9 @@ class Producer(threading.Thread):
             if delay > 0:
                 time.sleep(delay)
             now = datetime.now(timezone.utc).isoformat()
-            land_events(lake.paths, lake.stream(APPEND_STREAM), self._appends(now))
-            land_events(lake.paths, lake.stream(CHANGE_STREAM), self._changes(now))
-            land_events(lake.paths, lake.stream(ROUTED_STREAM), self._routed(now))
+            self._land(lake, APPEND_STREAM, self._appends(now))
+            self._land(lake, CHANGE_STREAM, self._changes(now))
+            self._land(lake, ROUTED_STREAM, self._routed(now))
             if self.kafka:
                 self._produce_kafka(now)
         if self.kafka and (self.kafka.flush(self.args.drain_timeout) or self.undelivered):
@@ -403,6 +425,8 @@ def chaos(
         orchestrator_at = set(rng.sample(range(len(moments)), count))
     others = [index for index in range(len(moments)) if index not in orchestrator_at]
     broker_at = set(rng.sample(others, min(args.broker_kills, len(others)))) if broker else set()
+    rest = [index for index in others if index not in broker_at]
+    disk_at = set(rng.sample(rest, min(args.disk_fulls, len(rest))))
     last_kill = time.monotonic()
     for index, moment in enumerate(moments):
         # A kill that had to wait for its victim pushes the next ones back, so each kill still
@@ -421,6 +445,15 @@ def chaos(
             broker.stop(kill=True)
             time.sleep(args.broker_down)
             broker.start()
+            last_kill = time.monotonic()
+            continue
+        if index in disk_at:
+            filler = orchestrator.work.home / ".chaos-filler"
+            kills.append({"at": time.time(), "kind": "disk-full", "seconds": args.disk_full_seconds})
+            print(f"  fault {len(kills)}: the home's disk filled for {args.disk_full_seconds:.0f} s")
+            fill(filler)
+            time.sleep(args.disk_full_seconds)
+            filler.unlink()
             last_kill = time.monotonic()
             continue
         # Just after a kill the runtime may run no process for a while (a Spark host restarting, runs
@@ -442,6 +475,13 @@ def chaos(
         last_kill = time.monotonic()
         print(f"  kill {len(kills)}: {kind} {pid} ({sent.name})")
     return kills
+
+
+def fill(filler: Path) -> None:
+    """Take every free byte of the file system ``filler`` is on (``posix_fallocate``)."""
+    with open(filler, "ab") as handle:
+        while (room := os.statvfs(filler.parent).f_bavail * os.statvfs(filler.parent).f_frsize) > 0:
+            os.posix_fallocate(handle.fileno(), os.fstat(handle.fileno()).st_size, room)
 
 
 def table_state(oracle: Oracle, kafka: bool) -> dict[str, Any]:
@@ -547,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
             sigterms=sum(1 for k in kills if k.get("signal") == "SIGTERM"),
             tables=state,
             runs=runs_summary(instance),
+            producer_refused_writes=producer.refused_writes,
             drained=drained_at is not None,
             drain_seconds_after_last_kill=(drained_at - last_kill) if drained_at else None,
             events={
@@ -573,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
     (work.root / "result.json").write_text(text)
     if args.json_out:
         args.json_out.write_text(text)
+    if args.disk_fulls:  # lazily: the Spark host outlives dagster dev until its idle timeout
+        subprocess.run(["umount", "-l", str(work.home)], check=True)
     if ok and not args.keep:
         dev.tidy(work, keep=False)
     return 0 if ok else 1
@@ -597,6 +640,8 @@ def make_workdir(args: argparse.Namespace) -> dev.Workdir:
     root = Path(tempfile.mkdtemp(prefix="lakehouse-chaos-", dir=args.work_root))
     work = dev.Workdir(root, root / "home", root / "dagster", root / "lakehouse.yaml", root / "dagster-dev.log", {})
     work.home.mkdir()
+    if args.disk_fulls:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.disk_bytes}", "tmpfs", str(work.home)], check=True)
     work.dagster_home.mkdir()
     shutil.copy(args.project_root / "dagster.yaml", work.dagster_home / "dagster.yaml")
     os.environ.update(

@@ -223,6 +223,12 @@ def test_a_writer_run_stopped_by_a_full_disk_says_so_on_the_sensor_and_the_strea
 
     with dg.DagsterInstance.get() as instance:
         os.utime(next(landing_dir(lake.paths, lake.stream("orders")).iterdir()), (0, 0))  # aged: cut now
+        # No room to record the batch it cuts: the tick says so and the next one tries again.
+        small_disk.fill()
+        full = f"the file system of {small_disk.root / 'lakehouse'} is full (0 B free of 96.0 MiB)"
+        cut_nothing = tick(instance)
+        assert cut_nothing.run_requests == [] and f"the sensor's tick: {full}" in cut_nothing.skip_message
+        small_disk.free()
         [request] = tick(instance).run_requests
         job = defs.resolve_job_def(names.stage_job_name("orders"))
         small_disk.fill()
@@ -232,8 +238,7 @@ def test_a_writer_run_stopped_by_a_full_disk_says_so_on_the_sensor_and_the_strea
         backing_off = tick(instance)
         assert backing_off.run_requests == []
         # Its resources could not take the run's liveness lock (``state/``): the disk had no room.
-        full = f"failed: resources: the file system of {small_disk.root / 'lakehouse'} is full (0 B free of 96.0 MiB)"
-        assert f"writer run {failed.run_id} {full}" in backing_off.skip_message, backing_off.skip_message
+        assert f"writer run {failed.run_id} failed: resources: {full}" in backing_off.skip_message
         assert "requesting the batch again (retry 1)" in backing_off.skip_message
 
         small_disk.free()

@@ -2,7 +2,8 @@
 committer run of their commit group."""
 
 import time
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 import dagster as dg
 
@@ -23,6 +24,7 @@ from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runtime.run_failures import recorded_failure
 from lakehouse_assets.runtime.run_states import FAILED, UNFINISHED
+from lakehouse_assets.storage_space import storage_failure
 
 MAX_BATCHES_PER_TICK = 16
 MAX_TAG_CHARS = 1000
@@ -165,6 +167,24 @@ def unstaged_batch_request(instance: dg.DagsterInstance, batch: MintedBatch, now
     return UnstagedBatch(writer_run_request(batch, retry + 1, reason), reason, failed=True)
 
 
+Tick = TypeVar("Tick")
+
+
+def _skipped_while_full(lakehouse: LakehouseResource, tick: Callable[[], Tick]) -> Tick | dg.SkipReason:
+    """The tick's result, or, under the daemon, when a file system refused one of its writes (a
+    batch's record), a skip naming the path and its free space: the next tick tries again.
+    ``lakehouse run --until-idle`` stops on the error instead (with its one line), not idle."""
+    if lakehouse.until_idle:
+        return tick()
+    try:
+        return tick()
+    except OSError as error:
+        full = storage_failure(error, "the sensor's tick", LakehousePaths.from_env().written_directories())
+        if full is None:
+            raise
+        return dg.SkipReason(f"{full}; the next tick tries again")
+
+
 def landing_sensor_interval(stream: StreamSpec) -> int:
     """Seconds between ticks of the stream's landing sensor: a third of ``flush.max_age``, so an
     aged batch is cut soon after it is due, between the daemon's 5 s loop and 30 s."""
@@ -204,44 +224,51 @@ def landing_sensor(stream: StreamSpec) -> dg.SensorDefinition:
         description=f"Cuts batches of `{stream.name}` when flush.max_bytes or flush.max_age is reached.",
     )
     def _sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource) -> dg.SensorResult | dg.SkipReason:
-        lake = lakehouse.lake()
-        current = lake.stream(stream.name)
-        ledger = lake.ledger(stream.name)
-        # A router's batch is done once routed and its unroutable events committed, not when staged.
-        unfinished = [r for r in ledger.batches() if (r.committed if current.is_router else r.staged) is None]
-        if unfinished and not lakehouse.until_idle:
-            # Requested again under its attempt's run key (the daemon launches a run key once), or
-            # under a new one after a failure Dagster retries no more: events landing meanwhile
-            # wait for the next batch.
-            now, requests, notes = time.time(), [], []
-            for record in unfinished:
-                request, note, failed = unstaged_batch_request(context.instance, record.minted, now)
-                requests += [request] if request else []
-                notes += [note] if note else []
-                if failed:
-                    context.log.warning(note)
-            if not requests:
-                return dg.SkipReason("; ".join(notes))
-            _start_spark_host_early(context, lake)
-            return dg.SensorResult(run_requests=requests, cursor=context.cursor)
-        # ``lakehouse run --until-idle`` runs every request itself and repeats a failed one.
-        requests = [writer_run_request(r.minted) for r in unfinished]
-        reason = "no minted batch waits for staging"
-        for _ in range(MAX_BATCHES_PER_TICK):
-            batch, reason = mint_next_batch(lake, current, drain=lakehouse.until_idle)
-            if batch is None:
-                break
-            requests.append(writer_run_request(batch))
-        if not lakehouse.until_idle and (requests or reason != NO_PENDING_EVENTS):
-            _start_spark_host_early(context, lake)
-        if not requests:
-            return dg.SkipReason(reason)
-        return dg.SensorResult(
-            run_requests=requests,
-            cursor=str(max(int(r.tags[names.SEQUENCE_TAG]) for r in requests)),
-        )
+        return _skipped_while_full(lakehouse, lambda: _landing_tick(context, lakehouse, stream))
 
     return _sensor
+
+
+def _landing_tick(
+    context: dg.SensorEvaluationContext, lakehouse: LakehouseResource, stream: StreamSpec
+) -> dg.SensorResult | dg.SkipReason:
+    """One tick of ``landing_sensor``."""
+    lake = lakehouse.lake()
+    current = lake.stream(stream.name)
+    ledger = lake.ledger(stream.name)
+    # A router's batch is done once routed and its unroutable events committed, not when staged.
+    unfinished = [r for r in ledger.batches() if (r.committed if current.is_router else r.staged) is None]
+    if unfinished and not lakehouse.until_idle:
+        # Requested again under its attempt's run key (the daemon launches a run key once), or
+        # under a new one after a failure Dagster retries no more: events landing meanwhile
+        # wait for the next batch.
+        now, requests, notes = time.time(), [], []
+        for record in unfinished:
+            request, note, failed = unstaged_batch_request(context.instance, record.minted, now)
+            requests += [request] if request else []
+            notes += [note] if note else []
+            if failed:
+                context.log.warning(note)
+        if not requests:
+            return dg.SkipReason("; ".join(notes))
+        _start_spark_host_early(context, lake)
+        return dg.SensorResult(run_requests=requests, cursor=context.cursor)
+    # ``lakehouse run --until-idle`` runs every request itself and repeats a failed one.
+    requests = [writer_run_request(r.minted) for r in unfinished]
+    reason = "no minted batch waits for staging"
+    for _ in range(MAX_BATCHES_PER_TICK):
+        batch, reason = mint_next_batch(lake, current, drain=lakehouse.until_idle)
+        if batch is None:
+            break
+        requests.append(writer_run_request(batch))
+    if not lakehouse.until_idle and (requests or reason != NO_PENDING_EVENTS):
+        _start_spark_host_early(context, lake)
+    if not requests:
+        return dg.SkipReason(reason)
+    return dg.SensorResult(
+        run_requests=requests,
+        cursor=str(max(int(r.tags[names.SEQUENCE_TAG]) for r in requests)),
+    )
 
 
 def committer_sensor(group: CommitGroup) -> dg.SensorDefinition:
@@ -257,33 +284,40 @@ def committer_sensor(group: CommitGroup) -> dg.SensorDefinition:
         description=f"Launches the committer of {group.label} when there is something to commit.",
     )
     def _sensor(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource) -> dg.RunRequest | dg.SkipReason:
-        lake = lakehouse.lake()
-        work = _committer_work(context.instance, lake, group)
-        if isinstance(work, dg.SkipReason):
-            return work
-        due = list(work)
-        if not lakehouse.until_idle:
-            # Committers are serialised by the table locks and fence each other, so this only
-            # avoids piling up runs; dagster.yaml's run monitoring fails runs whose process died.
-            # A writer run in progress commits what is staged itself once it has staged its batch.
-            busy = run_in_progress(context.instance, [group.commit_job_name, *group.writer_job_names])
-            if busy:
-                return dg.SkipReason(f"run {busy.run_id} of {busy.job_name} is in progress and commits when it can")
-            backoff = committer_backoff(context.instance, group.commit_job_name)
-            if backoff:
-                return dg.SkipReason(backoff)
-            waits = {table: seconds_until_commit_due(lake.table(table), group.tables[table]) for table in work}
-            due = [table for table, wait in waits.items() if wait <= 0]
-            if not due:
-                return dg.SkipReason(f"commit_interval: {min(waits.values()):.1f}s until the next commit is due")
-        summary = "; ".join(f"{table}: {what}" for table, what in work.items() if table in due)
-        return dg.RunRequest(
-            asset_selection=group.committed_keys(due),
-            asset_check_keys=[],  # the run evaluates the checks of what it commits (``defs.committer``)
-            tags=group.run_tags(due) | {"lakehouse/ready": summary[:MAX_TAG_CHARS]},
-        )
+        return _skipped_while_full(lakehouse, lambda: _committer_tick(context, lakehouse, group))
 
     return _sensor
+
+
+def _committer_tick(
+    context: dg.SensorEvaluationContext, lakehouse: LakehouseResource, group: CommitGroup
+) -> dg.RunRequest | dg.SkipReason:
+    """One tick of ``committer_sensor``."""
+    lake = lakehouse.lake()
+    work = _committer_work(context.instance, lake, group)
+    if isinstance(work, dg.SkipReason):
+        return work
+    due = list(work)
+    if not lakehouse.until_idle:
+        # Committers are serialised by the table locks and fence each other, so this only
+        # avoids piling up runs; dagster.yaml's run monitoring fails runs whose process died.
+        # A writer run in progress commits what is staged itself once it has staged its batch.
+        busy = run_in_progress(context.instance, [group.commit_job_name, *group.writer_job_names])
+        if busy:
+            return dg.SkipReason(f"run {busy.run_id} of {busy.job_name} is in progress and commits when it can")
+        backoff = committer_backoff(context.instance, group.commit_job_name)
+        if backoff:
+            return dg.SkipReason(backoff)
+        waits = {table: seconds_until_commit_due(lake.table(table), group.tables[table]) for table in work}
+        due = [table for table, wait in waits.items() if wait <= 0]
+        if not due:
+            return dg.SkipReason(f"commit_interval: {min(waits.values()):.1f}s until the next commit is due")
+    summary = "; ".join(f"{table}: {what}" for table, what in work.items() if table in due)
+    return dg.RunRequest(
+        asset_selection=group.committed_keys(due),
+        asset_check_keys=[],  # the run evaluates the checks of what it commits (``defs.committer``)
+        tags=group.run_tags(due) | {"lakehouse/ready": summary[:MAX_TAG_CHARS]},
+    )
 
 
 def _committer_work(
