@@ -46,8 +46,8 @@ class FileSystemSpace:
     read_only: bool
 
     def describe(self) -> str:
-        state = "read-only" if self.read_only else f"{format_bytes(self.free_bytes)} free"
-        return f"{state} of {format_bytes(self.total_bytes)}"
+        """``3.0 MiB free of 160.0 MiB``."""
+        return f"{format_bytes(self.free_bytes)} free of {format_bytes(self.total_bytes)}"
 
 
 def space_of(path: Path) -> FileSystemSpace:

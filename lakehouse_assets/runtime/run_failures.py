@@ -13,8 +13,6 @@ from dagster_shared.error import SerializableErrorInfo
 from lakehouse_assets.storage_space import StorageFullError, storage_failure
 
 STEP_ERROR_WRAPPER = "DagsterExecutionStepExecutionError"
-
-
 FAILURES = {dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RESOURCE_INIT_FAILURE}
 
 
