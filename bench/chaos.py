@@ -425,7 +425,8 @@ def chaos(
         orchestrator_at = set(rng.sample(range(len(moments)), count))
     others = [index for index in range(len(moments)) if index not in orchestrator_at]
     broker_at = set(rng.sample(others, min(args.broker_kills, len(others)))) if broker else set()
-    rest = [index for index in others if index not in broker_at]
+    # A disk filled in the first half of the schedule, so producers meet it too, not only the drain.
+    rest = [index for index in others if index not in broker_at][: max(1, len(others) // 2)]
     disk_at = set(rng.sample(rest, min(args.disk_fulls, len(rest))))
     last_kill = time.monotonic()
     for index, moment in enumerate(moments):

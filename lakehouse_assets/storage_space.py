@@ -14,7 +14,8 @@ import errno
 import os
 import re
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -168,3 +169,18 @@ def storage_failure(error: BaseException | str, doing: str, written: Iterable[Pa
     if not refused.certain and not space.read_only and space.free_bytes >= SQLITE_IO_FULL_BELOW_BYTES:
         return None
     return StorageFullError(doing, space, errno.EROFS if space.read_only else refused.code)
+
+
+@contextmanager
+def named_storage_failures(doing: str, written: Iterable[Path]) -> Iterator[None]:
+    """Raise a write a file system refused inside as a StorageFullError (the error its cause),
+    naming ``doing``, the path and its free space: what a run's failure shows first in the UI."""
+    try:
+        yield
+    except StorageFullError:
+        raise
+    except Exception as error:
+        full = storage_failure(error, doing, written)
+        if full is None:
+            raise
+        raise full from error

@@ -238,7 +238,8 @@ def test_a_writer_run_stopped_by_a_full_disk_says_so_on_the_sensor_and_the_strea
         backing_off = tick(instance)
         assert backing_off.run_requests == []
         # Its resources could not take the run's liveness lock (``state/``): the disk had no room.
-        assert f"writer run {failed.run_id} failed: resources: {full}" in backing_off.skip_message
+        lock = f"taking the run's liveness lock: {full}"
+        assert f"writer run {failed.run_id} failed: resources: {lock}" in backing_off.skip_message
         assert "requesting the batch again (retry 1)" in backing_off.skip_message
 
         small_disk.free()

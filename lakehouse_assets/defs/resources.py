@@ -15,7 +15,7 @@ from lakehouse_assets.engine.spark_host import call_on_host
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runtime.run_liveness import LIVENESS_TAG, hold_run_lock, liveness_label
-from lakehouse_assets.storage_space import storage_failure
+from lakehouse_assets.storage_space import named_storage_failures
 
 
 class LakehouseResource(dg.ConfigurableResource):
@@ -70,14 +70,8 @@ class SparkResource(dg.ConfigurableResource):
     def run(self, lake: Lakehouse, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``function(spark, lake, *args, **kwargs)``, an engine call: on the Spark host when
         ``spark_host.enabled`` and ``use_host``, else on a session of this process."""
-        try:
+        with named_storage_failures(function.__name__, lake.paths.written_directories()):
             if lake.config.spark_host.enabled and self.use_host:
                 return call_on_host(lake, function, *args, **kwargs)
             session = lakehouse_session(lake, start=lambda: self.pyspark.spark_session)
             return function(session, lake, *args, **kwargs)
-        except Exception as error:
-            full = storage_failure(error, function.__name__, lake.paths.written_directories())
-            if full is None or full is error:
-                raise
-            # What the run's failure shows first in the UI; the JVM's error stays its cause.
-            raise full from error
