@@ -197,9 +197,14 @@ def source_reload(args: argparse.Namespace) -> int:
 
 
 def _print_storage(storage: dict) -> None:
-    free = "read-only" if storage["storage_read_only"] else f"{format_bytes(storage['storage_free_bytes'])} free"
+    total = format_bytes(storage["storage_total_bytes"])
+    room = (
+        f"read-only ({total})"
+        if storage["storage_read_only"]
+        else f"{format_bytes(storage['storage_free_bytes'])} free of {total}"
+    )
     print(
-        f"storage root {storage['storage_root']}: {free} of {format_bytes(storage['storage_total_bytes'])}; "
+        f"storage root {storage['storage_root']}: {room}; "
         f"{format_bytes(storage['backlog_bytes'])} landed and not committed (committing it needs about "
         f"{format_bytes(storage['backlog_commit_bytes'])}); producers are refused below "
         f"{format_bytes(storage['producers_refused_below_bytes'])} free"

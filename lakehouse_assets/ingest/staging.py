@@ -295,6 +295,9 @@ def stage_batch(
     minted = record.minted
     if record.staged:
         return StagingOutcome(record.staged, False, tuple(minted.files), minted.bytes)
+    # The batch's Parquet, staged or the table's own, takes about this much room (``headroom``):
+    # a full disk stops the batch here, before any write of it, not in the middle of one.
+    require_free_bytes(ledger.root, commit_bytes(minted.bytes), f"staging batch {sequence} of {stream.name}")
 
     files = landing_files(lake.paths, stream, record)
     lost = kafka_lost_offsets(stream, record) if stream.kafka_source else {}
@@ -325,8 +328,6 @@ def stage_batch(
     def converted(subset: DataFrame) -> DataFrame:
         return staged_events(convert_events(subset, table_schema, stream, keys), table_schema, keys)
 
-    # The batch's Parquet, staged or the table's own, takes about this much room (``headroom``).
-    require_free_bytes(ledger.root, commit_bytes(minted.bytes), f"staging batch {sequence} of {stream.name}")
     attempt, attempt_dir = ledger.new_attempt(sequence)
     staged_snapshot = None
     try:
