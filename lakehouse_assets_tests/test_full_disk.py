@@ -207,6 +207,35 @@ def test_producers_are_refused_below_the_headroom_while_the_pipeline_commits_wha
     assert "producers are refused below 192.0 MiB free" in status_output, status_output
 
 
+def _post(server: HttpServer, body: str, key: str) -> httpx.Response:
+    headers = {"Authorization": "Bearer t0ken", "Content-Type": "application/x-ndjson", "Idempotency-Key": key}
+    return httpx.post(f"{server.url}/v1/streams/orders/events", content=body, headers=headers, timeout=30)
+
+
+@pytest.mark.spark
+def test_lakehouse_serve_answers_503_naming_the_full_disk_and_lands_the_retried_request_once(
+    small_disk, tmp_path, monkeypatch
+):
+    stream = {**ORDERS_STREAM, "source": {"landing": {"http": {"tokens": ["t0ken"]}}}}
+    lake = _use_disk(small_disk, monkeypatch, tmp_path / "dagster", min_free_bytes=0)
+    write_config(small_disk.root.parent, {"streams": [stream], "storage": {"min_free_bytes": 0}}, monkeypatch)
+    body = "\n".join(order_event(order_id) for order_id in range(500)) + "\n"
+    server = HttpServer(tmp_path / "serve.log").start()
+    try:
+        small_disk.fill()  # nothing landed yet, so no headroom refuses it: its landing write fails
+        refused = _post(server, body, "request-1")
+        assert refused.status_code == 503 and refused.headers.get("Retry-After"), refused.text
+        assert f"landing the events: the file system of {small_disk.root}" in refused.text, refused.text
+        small_disk.free()
+        assert _post(server, body, "request-1").status_code == 200
+        assert _post(server, body, "request-1").status_code == 200  # the producer's retry: acknowledged once
+    finally:
+        assert server.stop() == 0, (tmp_path / "serve.log").read_text()[-3000:]
+    assert [p.name for p in landing_dir(lake.paths, lake.stream("orders")).iterdir() if p.name.startswith(".")] == []
+    assert run_lakehouse(["run", "--until-idle"]).returncode == 0
+    assert _committed_ids(Lakehouse.from_env()) == list(range(500))
+
+
 @pytest.mark.spark
 def test_a_writer_run_stopped_by_a_full_disk_says_so_on_the_sensor_and_the_stream_resumes_once_space_is_freed(
     small_disk, tmp_path, monkeypatch

@@ -37,7 +37,9 @@ class LakehouseResource(dg.ConfigurableResource):
         monitoring can tell when the process running it is gone (``lakehouse_assets.runtime.run_launcher``)."""
         if context.run_id is None or context.instance is None:
             return
-        lock_file = hold_run_lock(LakehousePaths.from_env(), context.run_id)
+        paths = LakehousePaths.from_env()
+        with named_storage_failures("taking the run's liveness lock", paths.written_directories()):
+            lock_file = hold_run_lock(paths, context.run_id)
         context.instance.add_run_tags(context.run_id, {LIVENESS_TAG: liveness_label(lock_file)})
 
     def lake(self) -> Lakehouse:

@@ -12,7 +12,6 @@ from dagster_shared.error import SerializableErrorInfo
 
 from lakehouse_assets.storage_space import StorageFullError, storage_failure
 
-STEP_ERROR_WRAPPER = "DagsterExecutionStepExecutionError"
 FAILURES = {dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RESOURCE_INIT_FAILURE}
 
 
@@ -25,7 +24,7 @@ def op_errors(events: Iterable[dg.DagsterEvent]) -> list[tuple[str, Serializable
         error = getattr(event.event_specific_data, "error", None)
         if error is None:
             continue
-        while error.cls_name == STEP_ERROR_WRAPPER and error.cause is not None:
+        while error.cls_name.startswith("Dagster") and error.cause is not None:  # Dagster's wrapping
             error = error.cause
         errors.append((event.step_key or "resources", error))
     return errors
@@ -42,7 +41,9 @@ def failure_line(events: Iterable[dg.DagsterEvent], written: Sequence[Path] = ()
     for a write a file system refused, the storage's line (``StorageFullError``) naming the one of
     ``written`` that was full when the error named no path."""
     for step, error in op_errors(events):
-        if error.cls_name != StorageFullError.__name__ and (full := storage_failure(error.to_string(), step, written)):
+        if error.cls_name == StorageFullError.__name__:
+            return f"{step}: {first_line(error)}"
+        if full := storage_failure(error.to_string(), step, written):
             return str(full)
         return f"{step}: {error.cls_name}: {first_line(error)}"
     return None
