@@ -21,6 +21,8 @@ PAUSE_ENV = "LAKEHOUSE_PAUSE_AT"
 PAUSE_DIR_ENV = "LAKEHOUSE_PAUSE_DIR"
 PAUSE_TIMEOUT_SECONDS = 300
 
+# The writer's room checked and its attempt's directory made; nothing of the batch written yet.
+WRITER_BEFORE_WRITE = "writer.before_write"
 WRITER_AFTER_STAGING = "writer.after_staging_before_recording"
 WRITER_AFTER_RECORDING = "writer.after_recording"
 COMMITTER_BEFORE_LOCK = "committer.before_lock"

@@ -122,7 +122,7 @@ def run_job(
     return result
 
 
-def _raise_if_storage_refused(result: dg.ExecuteInProcessResult, label: str) -> None:
+def raise_if_storage_refused(result: dg.ExecuteInProcessResult, label: str) -> None:
     """StorageRefusedError when a file system refused the failed run's writes: every other run would
     fail alike, so running on until idle would only repeat the error."""
     for _, error in op_errors(result.all_events):
@@ -200,7 +200,7 @@ def run_until_idle(
                 label = f"{job.name} ({request.run_key or 'no run key'}) run {result.run_id}"
                 (report.succeeded if result.success else report.failed).append(label)
                 if not result.success:
-                    _raise_if_storage_refused(result, label)
+                    raise_if_storage_refused(result, label)
                 log(("ok     " if result.success else "FAILED ") + label)
                 if not result.success:
                     reason = failure_line(result.all_events)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import dagster as dg
 import httpx
 import pytest
 
+from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events, landing_dir
 from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
@@ -28,7 +31,13 @@ from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets.runner import run_job
 from lakehouse_assets.storage_space import STORAGE_EXIT_CODE
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
-from lakehouse_assets_tests.fault_injection.pipeline import lakehouse_process_command, run_lakehouse
+from lakehouse_assets_tests.fault_injection.pipeline import (
+    AGGRESSIVE_MAINTENANCE,
+    RUN_UNTIL_IDLE,
+    lakehouse_process_command,
+    run_lakehouse,
+    start_paused_at,
+)
 from lakehouse_assets_tests.http_server import HttpServer
 
 DISK_BYTES = 96 * 1024 * 1024
@@ -65,12 +74,14 @@ def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
         subprocess.run(["umount", "-l", str(root)], check=True)
 
 
-def _use_disk(disk: SmallDisk, monkeypatch: pytest.MonkeyPatch, dagster_home: Path, **storage: int) -> Lakehouse:
-    """The lakehouse home on ``disk``, the Dagster instance at ``dagster_home``, the orders stream."""
+def _use_disk(
+    disk: SmallDisk, monkeypatch: pytest.MonkeyPatch, dagster_home: Path, stream: dict = ORDERS_STREAM, **storage: int
+) -> Lakehouse:
+    """The lakehouse home on ``disk``, the Dagster instance at ``dagster_home``, the orders ``stream``."""
     monkeypatch.setenv("LAKEHOUSE_HOME", str(disk.root / "lakehouse"))
     monkeypatch.setenv("DAGSTER_HOME", str(dagster_home))
     dagster_home.mkdir(exist_ok=True)
-    document = {"catalog": {"type": "hadoop"}, "streams": [ORDERS_STREAM], "storage": storage}
+    document = {"catalog": {"type": "hadoop"}, "streams": [stream], "storage": storage}
     write_config(disk.root.parent, document, monkeypatch)
     return Lakehouse.from_env()
 
@@ -277,3 +288,85 @@ def test_a_writer_run_stopped_by_a_full_disk_says_so_on_the_sensor_and_the_strea
         assert retry is not None and retry.run_key == "orders:1:retry-1"
         assert run_job(job, instance, retry.run_config, retry.tags).success
     assert _committed_ids(lake) == sorted(landed)
+
+
+# Each step a batch's life takes, held at its named point by a real process (attached to this
+# worker's JVM), the disk filled, then let go: the write in the middle of it meets the full disk.
+FILLED_IN_THE_MIDDLE = {
+    "the writer's Parquet": (faults.WRITER_BEFORE_WRITE, RUN_UNTIL_IDLE),
+    "the table's commit": (faults.COMMITTER_BEFORE_COMMIT, RUN_UNTIL_IDLE),
+    "the dead letters' commit": (faults.DEAD_LETTERS_BEFORE_COMMIT, RUN_UNTIL_IDLE),
+    "maintenance's checkpoint": (faults.MAINTENANCE_BEFORE_CHECKPOINT, ("maintain",)),
+}
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("step", FILLED_IN_THE_MIDDLE)
+def test_a_disk_filled_in_the_middle_of_a_step_fails_it_in_one_line_and_the_stream_resumes_once_freed(
+    step, small_disk, tmp_path, monkeypatch
+):
+    point, arguments = FILLED_IN_THE_MIDDLE[step]
+    stream = {**ORDERS_STREAM, "maintenance": AGGRESSIVE_MAINTENANCE}
+    lake = _use_disk(small_disk, monkeypatch, tmp_path / "dagster", stream, min_free_bytes=0)
+    landed = _land_round(lake, 0)
+    assert run_lakehouse(["run", "--until-idle"]).returncode == 0
+    landed |= _land_round(lake, 1)
+    if arguments != RUN_UNTIL_IDLE:  # maintenance: a second commit, so a snapshot expires
+        assert run_lakehouse(["run", "--until-idle"]).returncode == 0
+    paused = start_paused_at(point, tmp_path / "held", arguments)
+
+    small_disk.fill()
+    paused.release()
+    code = paused.process.wait(timeout=600)
+
+    output = paused.log.read_text()
+    lines = [line for line in output.strip().splitlines() if not line.startswith("Picked up JAVA_")]
+    assert code == STORAGE_EXIT_CODE, output[-3000:]
+    assert "Traceback" not in output and "Caused by" not in output, output[-3000:]
+    assert lines[-1].startswith("lakehouse: ") and str(small_disk.root) in lines[-1], output[-3000:]
+    assert "is full" in lines[-1], lines[-1]
+
+    # Once freed, with no operator action: every order once, and every check passes on a table
+    # whose files all exist (DuckDB reads every file the table references).
+    small_disk.free()
+    assert [p.name for p in landing_dir(lake.paths, lake.stream("orders")).iterdir() if p.name.startswith(".")] == []
+    for command in (list(arguments), ["run", "--until-idle"]):
+        done = run_lakehouse(command)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert _committed_ids(lake) == sorted(landed)
+    checked = run_lakehouse(["check"])
+    assert checked.returncode == 0 and "every blocking check passed" in checked.stdout, checked.stdout
+
+
+@pytest.mark.spark
+def test_the_disk_filled_while_lakehouse_serve_journals_a_request_answers_503_and_the_retry_lands_once(
+    small_disk, tmp_path, monkeypatch
+):
+    stream = {**ORDERS_STREAM, "source": {"landing": {"http": {"tokens": ["t0ken"]}}}}
+    lake = _use_disk(small_disk, monkeypatch, tmp_path / "dagster", stream, min_free_bytes=0)
+    body = "\n".join(order_event(order_id) for order_id in range(300)) + "\n"
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    held = {faults.PAUSE_ENV: faults.HTTP_BEFORE_JOURNAL, faults.PAUSE_DIR_ENV: str(pauses)}
+    server = HttpServer(tmp_path / "serve.log", held).start()
+    try:
+        with ThreadPoolExecutor(1) as producer:
+            # The request's events are written and fsynced; the server is held before its journal.
+            answer = producer.submit(_post, server, body, "request-1")
+            paused = pauses / f"{faults.HTTP_BEFORE_JOURNAL}.paused"
+            deadline = time.monotonic() + 60
+            while not paused.exists():
+                assert time.monotonic() < deadline and not answer.done(), (tmp_path / "serve.log").read_text()
+                time.sleep(0.05)
+            small_disk.fill()
+            (pauses / f"{faults.HTTP_BEFORE_JOURNAL}.release").touch()
+            refused = answer.result(timeout=120)
+        assert refused.status_code == 503 and refused.headers.get("Retry-After"), refused.text
+        assert f"the file system of {small_disk.root}" in refused.text and "is full" in refused.text, refused.text
+        small_disk.free()
+        assert _post(server, body, "request-1").status_code == 200  # the producer's retry
+    finally:
+        assert server.stop() == 0, (tmp_path / "serve.log").read_text()[-3000:]
+    assert [p.name for p in landing_dir(lake.paths, lake.stream("orders")).iterdir() if p.name.startswith(".")] == []
+    assert run_lakehouse(["run", "--until-idle"]).returncode == 0
+    assert _committed_ids(Lakehouse.from_env()) == list(range(300))

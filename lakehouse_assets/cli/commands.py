@@ -24,7 +24,8 @@ from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.replay import replay_dead_letters
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.quality.checks import current_snapshot
-from lakehouse_assets.runner import dagster_instance, run_job, run_pipeline_until_idle
+from lakehouse_assets.runner import dagster_instance, raise_if_storage_refused, run_job, run_pipeline_until_idle
+from lakehouse_assets.runtime.run_failures import failure_line
 from lakehouse_assets.source.iceberg_source import forget_cursor
 from lakehouse_assets.storage_space import StorageRefusedError, format_bytes
 
@@ -118,7 +119,11 @@ def maintain(args: argparse.Namespace) -> int:
                     print(f"  {key}: {entry.value}")
             if not result.success:
                 failed += 1
-                print(f"{', '.join(covered)}: maintenance run {result.run_id} FAILED; see `dagster dev` for its logs")
+                label = f"{', '.join(covered)}: maintenance run {result.run_id}"
+                # A full disk ends the command in one line (every other run would fail alike).
+                raise_if_storage_refused(result, label)
+                reason = failure_line(result.all_events) or "see `dagster dev` for its logs"
+                print(f"{label} FAILED: {reason}")
     return 1 if failed else 0
 
 

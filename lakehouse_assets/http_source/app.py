@@ -12,6 +12,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -208,7 +209,7 @@ class HttpSource:
         try:
             return await served.landing.land(lines, digest, key)
         except OSError as error:
-            raise _not_landed(error) from None
+            raise _not_landed(error, served.landing.directory) from None
 
 
 def _decoded_and_digest(body: bytes, encoding: str | None, limit: int, key: str | None) -> tuple[bytes, str]:
@@ -218,8 +219,10 @@ def _decoded_and_digest(body: bytes, encoding: str | None, limit: int, key: str 
     return events, hashlib.sha256(events).hexdigest() if key is not None else ""
 
 
-def _not_landed(error: OSError) -> Refused:
-    full = storage_failure(error, "landing the events", [])
+def _not_landed(error: OSError, landing: Path) -> Refused:
+    """A 503 for events the landing zone refused; a write on an open file (the events, the
+    idempotency journal) names no path, so the landing directory stands for it."""
+    full = storage_failure(error, "landing the events", [landing])
     return Refused(
         503,
         "storage",

@@ -330,6 +330,7 @@ def stage_batch(
 
     attempt, attempt_dir = ledger.new_attempt(sequence)
     staged_snapshot = None
+    crash_point(faults.WRITER_BEFORE_WRITE)
     try:
         if into_table and writes_once(lake, stream, keys, added):
             # Its rows are parsed by Spark's JSON file reader when it reads every line alike.
