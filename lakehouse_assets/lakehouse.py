@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pyiceberg.table import Table
 
-from lakehouse_assets.batches.headroom import StorageRoom, storage_room
+from lakehouse_assets.batches.headroom import StorageRoom, spark_scratch_dirs, storage_room
 from lakehouse_assets.batches.ledger import StreamLedger
 from lakehouse_assets.catalog import table_metadata
 from lakehouse_assets.config.loader import load_config
@@ -44,8 +44,10 @@ class Lakehouse:
         return StreamLedger(self.paths.staging(stream_name))
 
     def storage_room(self) -> StorageRoom:
-        """The storage root's free space against what committing every stream's backlog needs."""
-        return storage_room(self.paths, self.config.streams, self.config.storage.min_free_bytes)
+        """The free space of the storage root and Spark's scratch against what committing every
+        stream's backlog needs."""
+        scratch = spark_scratch_dirs(self.config.spark)
+        return storage_room(self.paths, self.config.streams, self.config.storage.min_free_bytes, scratch)
 
     def source(self, stream: StreamSpec) -> Lakehouse:
         """This lakehouse as an Iceberg source stream reads its source: through the source's own

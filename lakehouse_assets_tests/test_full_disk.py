@@ -370,3 +370,24 @@ def test_the_disk_filled_while_lakehouse_serve_journals_a_request_answers_503_an
     assert [p.name for p in landing_dir(lake.paths, lake.stream("orders")).iterdir() if p.name.startswith(".")] == []
     assert run_lakehouse(["run", "--until-idle"]).returncode == 0
     assert _committed_ids(Lakehouse.from_env()) == list(range(300))
+
+
+def test_producers_are_refused_while_sparks_scratch_is_full_on_a_file_system_of_its_own(
+    small_disk, tmp_path, monkeypatch
+):
+    # The lakehouse home on the machine's disk, Spark's scratch on the small one.
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(small_disk.root / "spark-scratch"))
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(tmp_path / "lakehouse"))
+    document = {"streams": [ORDERS_STREAM], "storage": {"min_free_bytes": 1024 * 1024}}
+    write_config(tmp_path, document, monkeypatch)
+    events = tmp_path / "events.ndjson"
+    events.write_text(order_event(1) + "\n")
+    small_disk.fill()
+
+    refused = _one_line(run_lakehouse(["ingest", "--stream", "orders", str(events)]), small_disk)
+    assert "Spark's scratch directory" in refused and "nothing was landed" in refused, refused
+    status_output = run_lakehouse(["status"]).stdout
+    assert f"Spark's scratch {small_disk.root / 'spark-scratch'}: 0 B free" in status_output, status_output
+
+    small_disk.free()
+    assert run_lakehouse(["ingest", "--stream", "orders", str(events)]).returncode == 0

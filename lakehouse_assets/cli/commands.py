@@ -214,6 +214,7 @@ def _print_storage(storage: dict) -> None:
         f"{format_bytes(storage['backlog_commit_bytes'])}); producers are refused below "
         f"{format_bytes(storage['producers_refused_below_bytes'])} free"
     )
+    print(f"Spark's scratch {storage['spark_scratch']}: {format_bytes(storage['spark_scratch_free_bytes'])} free")
 
 
 def _print_status(entries: list[dict]) -> None:

@@ -609,8 +609,9 @@ class StorageSpec(_Strict):
     """The storage root's headroom (``batches/headroom.py``)."""
 
     min_free_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
-    """Producers (``lakehouse ingest``, ``lakehouse serve``: 503) are refused while the storage root
-    has less free than this plus half the landed bytes not committed yet, so the pipeline can always
+    """Producers (``lakehouse ingest``, ``lakehouse serve``: 503) are refused while the storage root,
+    or Spark's scratch directory when it is on another file system, has less free than this plus
+    half the landed bytes not committed yet, so the pipeline can always
     commit what has landed. The default is twice the default ``flush.max_bytes``: Spark's scratch for
     one batch, the metadata and the Dagster instance."""
 
