@@ -330,3 +330,23 @@ def test_a_required_column_the_events_stop_carrying_becomes_optional_with_relax_
     key = names.table_key("web.events")
     check = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, names.SCHEMA_CHECK))
     assert check.status.value == "SUCCEEDED"
+
+
+def test_a_field_first_seen_only_as_null_waits_for_a_value_instead_of_becoming_a_string(
+    lakehouse_home, tmp_path, monkeypatch, paths, instance
+):
+    inferred = {key: value for key, value in EVOLVING.items() if key != "schema"}
+    write_config(tmp_path, {"streams": [inferred]}, monkeypatch)
+    config = load_config()
+    lake = Lakehouse(config, paths)
+    stream = config.stream("events")
+    land_events(paths, stream, [json.dumps({"id": 1, "count": None, "meta": {"a": None, "b": "x"}, "gone": None})])
+    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+    # Inferred from the first batch: no column, and no struct field, for what was only ever null.
+    assert _columns(lake) == {"id": "long", "meta": "struct<b: string>"}
+
+    land_events(paths, stream, [json.dumps({"id": 2, "count": 5, "meta": {"a": 3000000000, "b": "y"}})])
+    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+
+    assert _columns(lake) == {"id": "long", "meta": "struct<b: string, a: long>", "count": "long"}
+    assert _rows(lake, "id", "count") == [(1, None), (2, 5)]

@@ -2,11 +2,14 @@
 
 Objects become structs, arrays lists of their first element's type, booleans ``boolean``,
 integers ``long``, other numbers ``double``, everything else ``string``; empty objects and arrays
-and fields that are only ever null become ``string``. Fields of nested objects whose names are not
-identifiers (letters, digits, ``_``) are left out, as extra fields are. For each field the first event that has a
-value for it decides its type (fields of a nested object come from that one object). Inference
-cannot tell int from long, float from double, or a timestamp from a string: declare
-``schema.columns`` for those.
+and fields that are only ever null become ``string``. With ``schema_evolution`` a field that is
+only ever null (a column or a struct's field) is left out instead, and schema evolution adds it
+with the type of the first value a later batch brings (an integer first seen as null is then
+``long``, never ``string``). Fields of nested objects whose names are not identifiers (letters,
+digits, ``_``) are left out, as extra fields are. For each field the first event that has a value
+for it decides its type (fields of a nested object come from that one object). Inference cannot
+tell int from long, float from double, or a timestamp from a string: declare ``schema.columns``
+for those.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ SAMPLE_EVENTS = 1000
 """Events of the first batch that inference reads."""
 
 
-def infer_type(value: Any) -> str | None:
-    """The Iceberg type name for a JSON value, or None for null (no evidence)."""
+def infer_type(value: Any, evolving: bool = False) -> str | None:
+    """The Iceberg type name for a JSON value, or None for null (no evidence). ``evolving`` (schema
+    evolution on): a struct leaves out its fields that are null, and is None when all of them are."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -37,7 +41,12 @@ def infer_type(value: Any) -> str | None:
         {name: item for name, item in value.items() if FIELD_NAME.fullmatch(name)} if isinstance(value, dict) else {}
     )
     if fields:
-        return "struct<" + ", ".join(f"{name}: {infer_type(item) or 'string'}" for name, item in fields.items()) + ">"
+        typed = {name: infer_type(item, evolving) for name, item in fields.items()}
+        if evolving:
+            typed = {name: kind for name, kind in typed.items() if kind is not None}
+            if not typed:
+                return None
+        return "struct<" + ", ".join(f"{name}: {kind or 'string'}" for name, kind in typed.items()) + ">"
     if isinstance(value, list) and value:
         return f"list<{infer_type(value[0]) or 'string'}>"
     return "string"
@@ -64,12 +73,18 @@ def infer_columns(stream: StreamSpec, lines: Iterable[str]) -> list[ColumnSpec]:
         row = event_row(stream, event) if isinstance(event, dict) else None
         for name, value in (row or {}).items():
             if name != operation_field and types.get(name) is None:
-                types[name] = infer_type(value)
+                types[name] = infer_type(value, bool(stream.schema_evolution))
     keys = stream.identifier_columns or []
     missing = [key for key in keys if key not in types]
+    if stream.schema_evolution:  # a field with no value yet waits for one (schema evolution adds it)
+        types = {name: kind for name, kind in types.items() if kind is not None or name in keys}
     if missing or not types:
         raise LakehouseError(
             f"stream {stream.name!r}: cannot infer a schema for {stream.table_identifier} from the first batch: "
-            + (f"identifier column {missing[0]!r} is in none of its events" if missing else "no event is a JSON object")
+            + (
+                f"identifier column {missing[0]!r} is in none of its events"
+                if missing
+                else "no event is a JSON object with a field that has a value"
+            )
         )
     return [ColumnSpec(name=name, type=kind or "string", required=name in keys) for name, kind in types.items()]

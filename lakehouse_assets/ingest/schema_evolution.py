@@ -70,7 +70,7 @@ def _inferred_type(rows: DataFrame, path: FieldPath) -> str | None:
     value = json.loads(first[0]["row"])
     for part in path:
         value = value[part]
-    return infer_type(value) or "string"
+    return infer_type(value, evolving=True)
 
 
 INT_RANGE = (-(2**31), 2**31)
