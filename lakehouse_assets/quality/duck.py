@@ -7,6 +7,7 @@ catalog's S3 settings once per process by :func:`read_storage_of`.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
@@ -50,20 +51,30 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-@cache
+_REGISTERED_SECRETS: dict[str, tuple[tuple[str, str], ...]] = {}
+"""The settings each S3 secret of the process's database was made from, by the secret's name."""
+_SECRETS_LOCK = threading.Lock()
+
+
 def _register_s3_secret(settings: tuple[tuple[str, str], ...]) -> None:
     """Give the process's database an S3 secret for these catalog properties (scoped to the
-    warehouse's bucket): the keys the catalog names, else the standard AWS credential chain."""
+    warehouse's bucket): the keys the catalog names, else the standard AWS credential chain.
+
+    One secret per scope, replaced when the settings change: DuckDB picks a secret by its scope
+    alone, so two secrets for one bucket (another endpoint, other keys, in a process that serves
+    both) would leave it to chance which one a read uses."""
+    with _SECRETS_LOCK:
+        _replace_s3_secret(settings)
+
+
+def _replace_s3_secret(settings: tuple[tuple[str, str], ...]) -> None:
     properties = dict(settings)
-    database = _database()
-    _load(database, "httpfs")
     secret = {"TYPE": "s3", "REGION": properties.get("client.region") or properties.get("s3.region") or "us-east-1"}
     if "s3.access-key-id" in properties:
         secret |= {"KEY_ID": properties["s3.access-key-id"], "SECRET": properties.get("s3.secret-access-key", "")}
         if "s3.session-token" in properties:
             secret["SESSION_TOKEN"] = properties["s3.session-token"]
     else:
-        _load(database, "aws")
         secret["PROVIDER"] = "credential_chain"
     if endpoint := properties.get("s3.endpoint"):
         parts = urlsplit(endpoint)
@@ -73,11 +84,18 @@ def _register_s3_secret(settings: tuple[tuple[str, str], ...]) -> None:
     warehouse = properties.get("warehouse", "")
     if warehouse.startswith("s3://"):
         secret["SCOPE"] = "s3://" + warehouse.removeprefix("s3://").split("/", 1)[0]
-    name = "lakehouse_s3_" + hashlib.sha256(repr(settings).encode()).hexdigest()[:12]
+    name = "lakehouse_s3_" + hashlib.sha256(secret.get("SCOPE", "").encode()).hexdigest()[:12]
+    if _REGISTERED_SECRETS.get(name) == settings:
+        return
+    database = _database()
+    _load(database, "httpfs")
+    if "PROVIDER" in secret:
+        _load(database, "aws")
     options = ", ".join(
         f"{key} {value if key in ('TYPE', 'PROVIDER', 'USE_SSL') else _literal(value)}" for key, value in secret.items()
     )
     database.execute(f"CREATE OR REPLACE SECRET {name} ({options})")
+    _REGISTERED_SECRETS[name] = settings
 
 
 def read_storage_of(catalog: Mapping[str, str]) -> None:

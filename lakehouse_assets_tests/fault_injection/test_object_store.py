@@ -27,6 +27,7 @@ from lakehouse_assets.ops.s3_server import LocalS3Server
 from lakehouse_assets.paths import STORAGE_ROOT_ENV
 from lakehouse_assets_tests.conftest import OBJECT_STORE_BUCKET
 from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
+from lakehouse_assets_tests.fault_injection.faulty_store import FaultyStoreProxy
 from lakehouse_assets_tests.fault_injection.invariants import (
     FAULT_PIPELINE_TABLES,
     assert_every_batch_once,
@@ -209,4 +210,25 @@ def test_the_store_killed_mid_commit_and_restarted_loses_and_duplicates_nothing(
     completed = run_pipeline()
     output = completed.stdout[-3000:] + completed.stderr[-3000:] + paused.log.read_text()[-3000:]
     assert completed.returncode == 0, output
+    assert_every_batch_once(lake)
+
+
+def test_a_store_that_throttles_and_stalls_requests_loses_and_duplicates_nothing(lake, s3_server):
+    land_round(lake, 1)
+    # Every request of the pipeline's clients (Spark's S3FileIO, PyIceberg, DuckDB's checks) goes
+    # through a proxy that answers every 7th with 503 Slow Down and holds every 5th for a second.
+    proxy = FaultyStoreProxy(s3_server.port, throttle_every=7, stall_every=5, stall_seconds=1.0)
+    config_file = Path(os.environ["LAKEHOUSE_CONFIG"])
+    config = yaml.safe_load(config_file.read_text())
+    config["catalog"]["s3.endpoint"] = proxy.endpoint
+    config_file.write_text(yaml.safe_dump(config))
+    try:
+        completed = run_pipeline()
+    finally:
+        proxy.close()
+
+    # The clients retried: the run succeeded, and each batch is in its table once, every file
+    # the tables reference on the store (DuckDB reads them all, straight from the store).
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert proxy.throttled > 0 and proxy.stalled > 0, (proxy.requests, proxy.throttled, proxy.stalled)
     assert_every_batch_once(lake)
