@@ -32,8 +32,8 @@ from lakehouse_assets.ops.kafka_broker import LocalBroker, LocalKafkaCluster, lo
 from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import write_config
+from lakehouse_assets_tests.fault_injection.pipeline import PausedProcess, run_pipeline, start_paused_at
 from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse as run_pipeline_command
-from lakehouse_assets_tests.fault_injection.pipeline import run_pipeline, start_paused_at
 
 pytestmark = pytest.mark.spark
 
@@ -411,11 +411,23 @@ def test_a_compacted_topic_lands_what_compaction_kept_and_its_gaps_stall_nothing
     assert kafka_progress(lake, lake.stream("ticks")).lag == 0
 
 
-def _slow_read_of(broker: Brokers, topic: str, partitions: int, records: int) -> list[int]:
-    """Produce ``records`` ticks over the topic's ``partitions``, each in a batch of its own, so a
-    stream with ``ONE_BATCH_PER_FETCH`` reads them one request at a time; their ids."""
-    _produce(_producer(broker, **ONE_RECORD_PER_BATCH), topic, [(i % partitions, _tick(i)) for i in range(records)])
-    return list(range(records))
+def _held_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, brokers: Brokers, partitions: int, records: int
+) -> tuple[Lakehouse, str, PausedProcess]:
+    """A topic of ``partitions`` replicated to every broker, ``records`` ticks in it (ids ``0`` up),
+    each in a batch of its own so the stream (``ONE_BATCH_PER_FETCH``) reads them one request at a
+    time, and a real pipeline process let go from just before Spark reads them: its lake, the
+    topic and the process."""
+    replicas = len(brokers.brokers) if isinstance(brokers, LocalKafkaCluster) else 1
+    topic = _topic(brokers, partitions, replicas=replicas)
+    stream = _ticks_stream(brokers, topic, properties=ONE_BATCH_PER_FETCH)
+    lake = _kafka_config(tmp_path, monkeypatch, brokers, stream)
+    ticks = [(i % partitions, _tick(i)) for i in range(records)]
+    _produce(_producer(brokers, **ONE_RECORD_PER_BATCH), topic, ticks)
+    paused = start_paused_at(faults.KAFKA_BEFORE_READ, tmp_path)
+    paused.release()
+    _wait_until_the_read_is_under_way(partitions)
+    return lake, topic, paused
 
 
 def _wait_until_the_read_is_under_way(partitions: int) -> None:
@@ -437,18 +449,9 @@ def _wait_until_the_read_is_under_way(partitions: int) -> None:
 def test_the_broker_killed_in_the_middle_of_a_read_loses_and_duplicates_nothing(
     tmp_path, monkeypatch, kafka_broker, instance
 ):
-    partitions = 8
-    topic = _topic(kafka_broker, partitions)
-    stream = _ticks_stream(kafka_broker, topic, properties=ONE_BATCH_PER_FETCH)
-    lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, stream)
-    produced = _slow_read_of(kafka_broker, topic, partitions, 2400)
-    # A real pipeline process cuts the batch and is held just before Spark reads it, then let go.
-    paused = start_paused_at(faults.KAFKA_BEFORE_READ, tmp_path)
-    paused.release()
-
     # The broker dies (SIGKILL) with some partitions read and others not, and comes back
     # BROKER_DOWN_SECONDS later; Spark's consumers wait for it.
-    _wait_until_the_read_is_under_way(partitions)
+    lake, topic, paused = _held_read(tmp_path, monkeypatch, kafka_broker, 8, 2400)
     kafka_broker.stop(kill=True)
     time.sleep(BROKER_DOWN_SECONDS)
     kafka_broker.start()
@@ -457,8 +460,8 @@ def test_the_broker_killed_in_the_middle_of_a_read_loses_and_duplicates_nothing(
     # Whether that run rode the outage through or failed, the next run leaves every record once.
     drained = run_pipeline_command(["run", "--until-idle"])
     assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:] + paused.log.read_text()[-3000:]
-    assert [row[0] for row in _rows(lake, "market.ticks", "id")] == produced
-    assert _committed_offsets(lake, "market.ticks") == _end_offsets(kafka_broker, topic, partitions)
+    assert [row[0] for row in _rows(lake, "market.ticks", "id")] == list(range(2400))
+    assert _committed_offsets(lake, "market.ticks") == _end_offsets(kafka_broker, topic, 8)
     assert rode_through == 0, paused.log.read_text()[-3000:]
 
 
@@ -470,29 +473,19 @@ def _leader_of(cluster: LocalKafkaCluster, topic: str, partition: int) -> int:
 def test_a_partition_leader_killed_in_the_middle_of_a_read_fails_over_to_a_replica(tmp_path, monkeypatch, instance):
     partitions = 6
     with local_kafka_cluster(tmp_path / "kafka") as cluster:
-        topic = _topic(cluster, partitions, replicas=len(cluster.brokers))
-        stream = _ticks_stream(cluster, topic, properties=ONE_BATCH_PER_FETCH)
-        lake = _kafka_config(tmp_path, monkeypatch, cluster, stream)
-        produced = _slow_read_of(cluster, topic, partitions, 1800)
-        paused = start_paused_at(faults.KAFKA_BEFORE_READ, tmp_path)
-        paused.release()
-
         # Partition 0's leader dies (SIGKILL) in the middle of the read and stays down: the
         # controller elects a replica in sync, and the read goes on there.
-        _wait_until_the_read_is_under_way(partitions)
+        lake, topic, paused = _held_read(tmp_path, monkeypatch, cluster, partitions, 1800)
         dead = _leader_of(cluster, topic, 0)
         cluster.broker(dead).stop(kill=True)
         assert paused.process.wait(timeout=600) == 0, paused.log.read_text()[-3000:]
 
         # Records produced while it is down (two replicas in sync take them) land too.
-        _produce(
-            _producer(cluster, **{"enable.idempotence": True}),
-            topic,
-            [(i % partitions, _tick(i)) for i in range(1800, 1900)],
-        )
+        more = [(i % partitions, _tick(i)) for i in range(1800, 1900)]
+        _produce(_producer(cluster, **{"enable.idempotence": True}), topic, more)
         drained = run_pipeline_command(["run", "--until-idle"])
         assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:]
-        assert [row[0] for row in _rows(lake, "market.ticks", "id")] == [*produced, *range(1800, 1900)]
+        assert [row[0] for row in _rows(lake, "market.ticks", "id")] == list(range(1900))
         assert _committed_offsets(lake, "market.ticks") == _end_offsets(cluster, topic, partitions)
         assert _leader_of(cluster, topic, 0) != dead
 
