@@ -13,9 +13,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lakehouse_assets.jvm.connectors import S3_SERVER
 from lakehouse_assets.ops.jvm_server import JvmServer, free_port, running
+
+if TYPE_CHECKING:
+    from pyarrow import fs
 
 REGION = "us-east-1"
 
@@ -55,11 +59,11 @@ class LocalS3Server(JvmServer):
         (self.directory / "objects").mkdir(parents=True, exist_ok=True)
         self.launch([*self.java("org.gaul.s3proxy.Main"), "--properties", str(self._settings())])
 
-    def create_bucket(self, bucket: str) -> None:
-        """Create ``bucket`` through the S3 API (nothing happens when it exists)."""
+    def file_system(self) -> fs.S3FileSystem:
+        """A pyarrow client of the store, allowed to create buckets."""
         from pyarrow import fs
 
-        store = fs.S3FileSystem(
+        return fs.S3FileSystem(
             access_key=self.access_key_id,
             secret_key=self.secret_access_key,
             endpoint_override=self.endpoint,
@@ -67,7 +71,10 @@ class LocalS3Server(JvmServer):
             scheme="http",
             allow_bucket_creation=True,
         )
-        store.create_dir(bucket)
+
+    def create_bucket(self, bucket: str) -> None:
+        """Create ``bucket`` through the S3 API (nothing happens when it exists)."""
+        self.file_system().create_dir(bucket)
 
     def client_properties(self) -> dict[str, str]:
         """The Iceberg FileIO properties (Spark's S3FileIO and PyIceberg's alike) for this store."""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pyarrow import fs
 from pyiceberg.catalog import Catalog, load_catalog
 
 from lakehouse_assets import faults
@@ -142,27 +143,6 @@ def test_the_pipeline_commits_to_the_object_store_exactly_once_and_keeps_its_sec
     assert s3_server.secret_access_key not in completed.stdout + completed.stderr
 
 
-def test_maintenance_on_the_store_compacts_expires_and_lists_orphans_and_loses_nothing(lake):
-    land_round(lake, 1)
-    assert run_pipeline().returncode == 0
-    # Earlier tests' commits, which the restored catalog does not reference, are orphans on the
-    # store; the store dates objects when written, so the orphan grace is made a second here.
-    config_file = Path(os.environ["LAKEHOUSE_CONFIG"])
-    config = yaml.safe_load(config_file.read_text())
-    for stream in config["streams"]:
-        stream["maintenance"]["remove_orphan_files"] = {"older_than": "1s"}
-    config_file.write_text(yaml.safe_dump(config))
-    time.sleep(2)
-
-    completed = run_lakehouse(["maintain"])
-
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    assert "compaction.rewritten_data_files_count" in completed.stdout
-    # The orphan action lists the table's prefix through S3FileIO (no Hadoop file system for s3://).
-    assert "remove_orphan_files.orphan_files_removed" in completed.stdout
-    assert_every_batch_once(lake)  # every file the tables reference is still on the store
-
-
 @pytest.mark.parametrize("point", [faults.DEAD_LETTERS_AFTER_WRITE, faults.COMMITTER_BEFORE_PUBLISH])
 def test_a_pipeline_killed_at_a_commit_point_recovers_exactly_once_on_the_object_store(point, lake):
     land_round(lake, 1)
@@ -232,3 +212,33 @@ def test_a_store_that_throttles_and_stalls_requests_loses_and_duplicates_nothing
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert proxy.throttled > 0 and proxy.stalled > 0, (proxy.requests, proxy.throttled, proxy.stalled)
     assert_every_batch_once(lake)
+
+
+# The file's last test: its orphan removal deletes the first round's data files (compacted, their
+# snapshots expired), which every other test's restored tables still reference.
+def test_maintenance_on_the_store_compacts_expires_and_removes_orphans_and_loses_nothing(lake, s3_server):
+    land_round(lake, 1)
+    assert run_pipeline().returncode == 0
+    # Earlier tests' commits, which the restored catalog does not reference, are orphans on the
+    # store; the store dates objects when written, so the orphan grace is made a second here.
+    config_file = Path(os.environ["LAKEHOUSE_CONFIG"])
+    config = yaml.safe_load(config_file.read_text())
+    for stream in config["streams"]:
+        stream["maintenance"]["remove_orphan_files"] = {"older_than": "1s"}
+    config_file.write_text(yaml.safe_dump(config))
+    # A file no commit wrote, in the orders table's data prefix.
+    planted = f"{lake.require_table('sales.orders').location()}/data/planted-orphan.parquet"
+    store = s3_server.file_system()
+    with store.open_output_stream(planted.removeprefix("s3://")) as out:
+        out.write(b"not referenced by any snapshot")
+    time.sleep(2)
+
+    completed = run_lakehouse(["maintain"])
+
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "compaction.rewritten_data_files_count" in completed.stdout
+    # The orphan action lists the table's prefix through S3FileIO (no Hadoop file system for s3://),
+    # and what it reports removed is gone from the store.
+    assert "remove_orphan_files.orphan_files_left: 0" in completed.stdout, completed.stdout
+    assert store.get_file_info(planted.removeprefix("s3://")).type == fs.FileType.NotFound
+    assert_every_batch_once(lake)  # every file the tables reference is still on the store
