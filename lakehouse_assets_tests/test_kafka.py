@@ -508,3 +508,14 @@ def test_a_kafka_value_beyond_its_column_type_promotes_the_column_with_schema_ev
 
     assert str(lake.require_table("market.ticks").schema().find_field("price").field_type) == "double"
     assert _rows(lake, "market.ticks", "id, price") == [(1, 0.25), (2, 1e300)]
+
+
+def test_a_cluster_id_that_starts_with_a_dash_formats_the_broker_log(tmp_path):
+    """A cluster id is URL-safe base64, one in 64 starts with "-": the broker's log is formatted
+    for it all the same (the tool once took it for an option and the broker never started)."""
+    broker = LocalBroker.at(tmp_path / "broker")
+    broker.cluster_id = "-IoYBA8-Rj2bJL_EBvJeZA"
+
+    broker.format()
+
+    assert "cluster.id=-IoYBA8-Rj2bJL_EBvJeZA" in (tmp_path / "broker" / "log" / "meta.properties").read_text()

@@ -94,7 +94,10 @@ class LocalBroker(JvmServer):
         self.directory.mkdir(parents=True, exist_ok=True)
         if (self.directory / "log" / "meta.properties").exists():
             return
-        command = [*self.java("kafka.tools.StorageTool"), "format", "-t", self.cluster_id, "-c", str(self._settings())]
+        # A cluster id is URL-safe base64 and may start with "-": as a separate argument the tool's
+        # parser would take it for an option (one start in 64 failed so).
+        cluster_id = f"--cluster-id={self.cluster_id}"
+        command = [*self.java("kafka.tools.StorageTool"), "format", cluster_id, "--config", str(self._settings())]
         done = subprocess.run(command, capture_output=True, text=True, check=False, env=self.environment())
         if done.returncode != 0:
             raise LakehouseError(f"could not format the Kafka broker's log in {self.directory}: {done.stderr[-500:]}")
