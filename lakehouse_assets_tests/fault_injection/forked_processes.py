@@ -32,6 +32,13 @@ _SERVER.set_forkserver_preload(
         "lakehouse_assets.definitions",
         "lakehouse_assets.runner",
         "pyspark.sql",
+        # What the child's first ``DagsterInstance.get()`` imports (its storages, the daemon's
+        # settings): about 0.4 CPU-seconds a child otherwise.
+        "dagster._core.instance.factory",
+        "dagster._core.storage.root",
+        "dagster._core.storage.sqlite_storage",
+        "dagster._daemon.controller",
+        "upath.implementations.local",
     ]
 )
 
