@@ -39,7 +39,6 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -97,6 +96,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--drain-timeout", type=float, default=300, help="seconds to wait after the last chunk")
     parser.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for dagster dev")
     parser.add_argument("--max-age", default="10s", help="flush.max_age of every stream")
+    parser.add_argument(
+        "--start-timeout",
+        type=int,
+        default=None,
+        help="run monitoring's start timeout in seconds (default: dagster.yaml's): how long a run whose "
+        "launch died with dagster dev waits before it is failed and run again",
+    )
     parser.add_argument("--project-root", type=Path, default=dev.PROJECT_ROOT, help="where workspace.yaml is")
     parser.add_argument("--json-out", type=Path, default=None, help="also write the result JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the whole temporary directory")
@@ -644,7 +650,10 @@ def make_workdir(args: argparse.Namespace) -> dev.Workdir:
     if args.disk_fulls:
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.disk_bytes}", "tmpfs", str(work.home)], check=True)
     work.dagster_home.mkdir()
-    shutil.copy(args.project_root / "dagster.yaml", work.dagster_home / "dagster.yaml")
+    instance_settings = yaml.safe_load((args.project_root / "dagster.yaml").read_text())
+    if args.start_timeout is not None:
+        instance_settings["run_monitoring"]["start_timeout_seconds"] = args.start_timeout
+    (work.dagster_home / "dagster.yaml").write_text(yaml.safe_dump(instance_settings, sort_keys=False))
     os.environ.update(
         LAKEHOUSE_HOME=str(work.home), DAGSTER_HOME=str(work.dagster_home), LAKEHOUSE_CONFIG=str(work.config_file)
     )

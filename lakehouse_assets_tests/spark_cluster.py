@@ -23,11 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyspark
-from pyspark.sql import SparkSession
 
-from lakehouse_assets.engine.spark_host import host_pid
 from lakehouse_assets.jvm.java_runtime import ensure_java_home
-from lakehouse_assets.lakehouse import Lakehouse
 
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_SECONDS = 90.0
@@ -72,30 +69,6 @@ class StandaloneCluster:
             if not state.get("activeapps") or time.monotonic() > deadline:
                 return [app["name"] for app in state.get("completedapps", [])]
             time.sleep(POLL_SECONDS)
-
-
-def session_master(spark: SparkSession, lake: Lakehouse) -> str:
-    """An engine call (``function(spark, lake)``) that answers the master of the session running it,
-    after running a job there."""
-    spark.range(10).count()
-    return spark.sparkContext.master
-
-
-def stop_host(lake: Lakehouse) -> None:
-    """SIGTERM the home's Spark host and wait for it to exit (its application then completes on
-    the cluster); SIGKILL it after ``STOP_TIMEOUT_SECONDS``."""
-    pid = host_pid(lake)
-    if pid is None:
-        return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(POLL_SECONDS)
-    os.kill(pid, signal.SIGKILL)
 
 
 def pyspark_home() -> Path:

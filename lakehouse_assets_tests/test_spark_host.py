@@ -20,6 +20,7 @@ from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
+from lakehouse_assets.engine.spark import MASTER_ENV
 from lakehouse_assets.engine.spark_host import SparkHostError, call_on_host, host_pid
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
@@ -66,7 +67,15 @@ def _writer_run(config, instance, stream="orders"):
     return _execute(config, instance, request, stream)
 
 
-def test_writer_runs_stage_and_commit_on_one_warm_host(lake, instance, stops_hosts):
+def _session_master(spark, _lake) -> str:
+    spark.range(10).count()
+    return spark.sparkContext.master
+
+
+def test_writer_runs_stage_and_commit_on_one_warm_host(lake, instance, stops_hosts, monkeypatch):
+    # The host takes its Spark master from the same override as a ``lakehouse`` process (which
+    # test_jdbc_catalog.py runs on a standalone cluster).
+    monkeypatch.setenv(MASTER_ENV, "local[1]")
     stream = lake.stream("orders")
     land_events(lake.paths, stream, [order_event(i) for i in range(1, 101)])
 
@@ -78,6 +87,7 @@ def test_writer_runs_stage_and_commit_on_one_warm_host(lake, instance, stops_hos
     assert first.success and second.success
     assert host is not None and host != os.getpid()
     assert host_pid(lake) == host, "the second run must reuse the first run's host"
+    assert call_on_host(lake, _session_master) == "local[1]"
     assert [row[0] for row in _duckdb_rows(lake, "sales.orders", "order_id")] == list(range(1, 151))
     commits = lakehouse_commits(lake.table("sales.orders"))
     assert [(c.first_sequence, c.last_sequence, c.rows) for c in commits] == [(1, 1, 100), (2, 2, 50)]

@@ -36,8 +36,8 @@ pytestmark = pytest.mark.spark
 def test_a_pipeline_killed_at_each_point_recovers_exactly_once(point, lake):
     land_round(lake, 1)
 
-    # At the first point the killed process and the restart are cold (a JVM each of their own);
-    # at the others a real process is killed, on this worker's JVM, and restarted in this process.
+    # At the first point the killed process is cold (a JVM of its own, which dies with it); at the
+    # others a real process is killed on this worker's JVM. Each restarts in this process.
     kill_at_then_restart(point, cold=point == faults.CRASH_POINTS[0])
 
     assert invariant_violations(lake) == []

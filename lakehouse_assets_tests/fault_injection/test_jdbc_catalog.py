@@ -22,7 +22,6 @@ from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.commit.pass_branches import PASS_BRANCH_PREFIX
 from lakehouse_assets.engine.spark import DRIVER_MEMORY_ENV, ICEBERG_RUNTIME_JAR, MASTER_ENV
-from lakehouse_assets.engine.spark_host import call_on_host
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import STORAGE_ROOT_ENV
 from lakehouse_assets.quality.duck import iceberg_connection, scan
@@ -41,7 +40,7 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
     run_two_pipelines_at_once,
 )
 from lakehouse_assets_tests.postgres_server import SERVER_USER, PostgresServer, jdbc_driver_jar
-from lakehouse_assets_tests.spark_cluster import cluster_environment, session_master, standalone_cluster, stop_host
+from lakehouse_assets_tests.spark_cluster import cluster_environment, standalone_cluster
 
 pytestmark = pytest.mark.spark
 
@@ -51,7 +50,6 @@ PASSWORD_ENV = "LAKEHOUSE_TEST_CATALOG_PASSWORD"
 # Trust authentication ignores it; it stands for a secret that must reach no file and no log.
 PASSWORD = "not-for-logs-7f3a9c"
 TABLES = FAULT_PIPELINE_TABLES
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def jdbc_pipeline(server: PostgresServer) -> dict:
@@ -143,11 +141,12 @@ def test_both_pipelines_commit_exactly_once_and_pass_their_checks(lake, postgres
     assert _files_containing(lake.paths.home.parent, PASSWORD) == []
 
 
-def test_both_pipelines_and_the_spark_host_run_on_a_standalone_cluster(lake, tmp_path, monkeypatch):
-    """Long (45-115 s on a busy machine: six JVMs on two cores): a master, a worker, and two
-    drivers each with an executor JVM on the cluster (a ``lakehouse run`` process and the Spark
-    host). The Iceberg runtime jar and the JDBC driver reach the executors through ``spark.jars``;
-    the storage is the local disk, which every process of one machine sees."""
+def test_both_pipelines_run_on_a_standalone_cluster(lake, tmp_path):
+    """Long (30-80 s on a busy machine: four JVMs on two cores): a master, a worker, and a
+    ``lakehouse run`` driver with its executor JVM on the cluster. The Iceberg runtime jar and the
+    JDBC driver reach the executor through ``spark.jars``; the storage is the local disk, which
+    every process of one machine sees. (The Spark host takes its master from the same setting:
+    ``test_spark_host.py``.)"""
     land_round(lake, 1)
 
     with standalone_cluster(tmp_path / "cluster") as cluster:
@@ -159,25 +158,14 @@ def test_both_pipelines_and_the_spark_host_run_on_a_standalone_cluster(lake, tmp
         completed = run_pipeline(on_cluster)
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
 
-        # The Spark host that Dagster runs share takes its master from the same override.
-        for name, value in on_cluster.items():
-            monkeypatch.setenv(name, value)
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-        try:
-            assert call_on_host(lake, session_master) == cluster.master_url
-        finally:
-            stop_host(lake)
-
-        assert cluster.completed_app_names() == ["lakehouse_assets"] * 2, cluster.state()
-        app_dirs = cluster.application_dirs()
-        assert len(app_dirs) == 2, f"expected one executor work dir per driver, found {app_dirs}"
-        for app_dir in app_dirs:
-            # The executor fetched the Iceberg runtime and the JDBC driver from the driver
-            # (``spark.jars``) and ran tasks.
-            for jar in (ICEBERG_RUNTIME_JAR, Path(jdbc_driver_jar()).name):
-                assert list(app_dir.glob(f"*/{jar}")), f"no {jar} fetched into {app_dir}"
-            executor_log = "\n".join(path.read_text(errors="replace") for path in app_dir.glob("*/stderr"))
-            assert "Finished task" in executor_log, f"no task ran on the executor of {app_dir}"
+        assert cluster.completed_app_names() == ["lakehouse_assets"], cluster.state()
+        [app_dir] = cluster.application_dirs()
+        # The executor fetched the Iceberg runtime and the JDBC driver from the driver
+        # (``spark.jars``) and ran tasks.
+        for jar in (ICEBERG_RUNTIME_JAR, Path(jdbc_driver_jar()).name):
+            assert list(app_dir.glob(f"*/{jar}")), f"no {jar} fetched into {app_dir}"
+        executor_log = "\n".join(path.read_text(errors="replace") for path in app_dir.glob("*/stderr"))
+        assert "Finished task" in executor_log, f"no task ran on the executor of {app_dir}"
 
     assert_every_batch_once(lake)
 
@@ -186,8 +174,8 @@ def test_a_pipeline_killed_after_its_commit_recovers_exactly_once(lake):
     land_round(lake, 1)
 
     # Killed cold (the JVM dies with the process), restarted on this worker's warm JVM: a new
-    # process getting the JDBC driver from the config's ``spark.jars`` alone is what the racing
-    # committers below and the standalone cluster's driver each prove.
+    # process getting the JDBC driver from the config's ``spark.jars`` alone is what the
+    # standalone cluster's driver proves.
     crashed = run_pipeline({faults.CRASH_ENV: faults.COMMITTER_AFTER_COMMIT}, cold=True)
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-3000:] + crashed.stderr[-3000:]
     # On this catalog the commit lands on the pass's own branch: the kill leaves it unpublished.
@@ -203,7 +191,7 @@ def test_two_committers_racing_commit_each_batch_once(lake, tmp_path):
     for round_number in (1, 2):
         land_round(lake, round_number)
 
-    run_two_pipelines_at_once(tmp_path)
+    run_two_pipelines_at_once(tmp_path, cold=False)
 
     assert_every_batch_once(lake)
 

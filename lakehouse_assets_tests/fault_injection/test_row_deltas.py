@@ -92,16 +92,15 @@ def test_a_wiped_damaged_or_stale_key_index_is_rebuilt_from_the_table(lake):
 
 def test_a_row_delta_killed_at_each_of_its_points_recovers_exactly_once(lake):
     """Four real processes killed, each followed by a restart on this worker's warm JVM; the
-    first point's process and restart are cold (JVMs of their own). The rebuild's point is
+    first point's process is cold (a JVM of its own, which dies with it). The rebuild's point is
     reached by wiping the index first."""
     for round_number, point in enumerate(faults.ROW_DELTA_CRASH_POINTS, start=1):
         if point == faults.KEY_INDEX_DURING_REBUILD:
             shutil.rmtree(lake.paths.key_index(CUSTOMERS))
         land_round(lake, round_number)
-        cold = round_number == 1
-        crashed = run_pipeline({faults.CRASH_ENV: point}, cold=cold)
+        crashed = run_pipeline({faults.CRASH_ENV: point}, cold=round_number == 1)
         assert crashed.returncode == -9, f"never reached {point}:\n{crashed.stdout[-3000:]}{crashed.stderr[-3000:]}"
-        restarted = run_pipeline(cold=cold)
+        restarted = run_pipeline()
         assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
         assert invariant_violations(lake) == [], point
 
