@@ -113,7 +113,9 @@ def test_the_downstream_table_equals_the_source_after_every_change(with_source):
     assert '{"delete": {"_id": "3"}}' in bulk and '{"index": {"_id": "6"}}' in bulk
 
 
-@pytest.mark.parametrize("with_source", WRITE_MODES, indirect=True)
+# Merge-on-read only: the crash is the checkpoint's, whichever way the source wrote its changes
+# (their reading in both modes is the test above), and this mode's delete files are the harder read.
+@pytest.mark.parametrize("with_source", ["merge-on-read"], indirect=True)
 def test_a_crash_after_emitting_before_the_checkpoint_applies_each_change_once(with_source):
     lake, spark = with_source
     spark.sql("INSERT INTO lake.src.accounts VALUES (1, 'ada', 10.00, 'eu'), (2, 'bob', 20.00, 'us')")

@@ -172,16 +172,16 @@ def test_a_host_killed_in_a_call_is_replaced_and_the_call_repeated(lake, stops_h
     ]
 
 
-@pytest.mark.parametrize("victim", ["host", "jvm"])
-def test_a_killed_host_or_jvm_between_calls_is_replaced_by_the_next_call(lake, stops_hosts, victim):
-    dead_host = call_on_host(lake, _process_id)
-    scratch = Path(call_on_host(lake, _jvm_scratch))
-    os.kill(dead_host if victim == "host" else call_on_host(lake, _jvm_pid), signal.SIGKILL)
+def test_a_killed_host_or_jvm_between_calls_is_replaced_by_the_next_call(lake, stops_hosts):
+    for victim in ("host", "jvm"):
+        dead_host = call_on_host(lake, _process_id)
+        scratch = Path(call_on_host(lake, _jvm_scratch))
+        os.kill(dead_host if victim == "host" else call_on_host(lake, _jvm_pid), signal.SIGKILL)
 
-    assert call_on_host(lake, _process_id) != dead_host
-    # A JVM killed outright cleans nothing up: its jars are on its class path, not copied into its
-    # scratch directory (45 MB for the Iceberg runtime, left behind by every such kill).
-    assert list(scratch.rglob("*.jar")) == []
+        assert call_on_host(lake, _process_id) != dead_host, victim
+        # A JVM killed outright cleans nothing up: its jars are on its class path, not copied into
+        # its scratch directory (45 MB for the Iceberg runtime, left behind by every such kill).
+        assert list(scratch.rglob("*.jar")) == [], victim
 
 
 def test_a_host_told_to_stop_during_a_call_answers_it_and_exits_cleanly(lake, monkeypatch, tmp_path, stops_hosts):
