@@ -138,10 +138,11 @@ def _table_rows(lake):
     return iceberg_connection().sql(query).fetchall()
 
 
-@pytest.mark.parametrize("format_version", ["2", "3"])
-@pytest.mark.parametrize("landing_format", ["json", "debezium"])
+# Each landing format and each table format once (pairwise): the formats are read before the
+# batch is applied, the table's format decides only how (a row delta on v2, a MERGE on v3).
+@pytest.mark.parametrize(("landing_format", "format_version"), [("json", "2"), ("debezium", "3")])
 def test_random_change_streams_produce_exactly_the_model(
-    format_version, landing_format, lakehouse_home, paths, instance, tmp_path, monkeypatch
+    landing_format, format_version, lakehouse_home, paths, instance, tmp_path, monkeypatch
 ):
     write_config(tmp_path, {"streams": [customers_stream(format_version, landing_format)]}, monkeypatch)
     lake = Lakehouse.from_env()
