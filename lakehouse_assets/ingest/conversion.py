@@ -32,7 +32,7 @@ recognized, when none of its fields match a column, when a required column is mi
 be coerced (for a DELETE only the identifier columns must be present), or when its row does not
 meet an expectation with ``on_failure: dead_letter``; an optional column that cannot be coerced is
 written as NULL, and named in the event's ``_lakehouse_uncoercible`` (the batch counts them per
-column). Extra fields are ignored.
+column; a struct's optional field by its path, ``point.x``). Extra fields are ignored.
 """
 
 from __future__ import annotations
@@ -199,6 +199,18 @@ def may_not_coerce(field: T.StructField) -> bool:
     return field.nullable and not isinstance(field.dataType, T.StringType)
 
 
+def uncoercible_paths(fields: list[T.StructField]) -> list[str]:
+    """The columns :func:`may_not_coerce` and, inside structs at any depth, the fields it holds
+    for, by their path (``point.x``): what an event's ``_lakehouse_uncoercible`` can name."""
+    paths = []
+    for field in fields:
+        if may_not_coerce(field):
+            paths.append(field.name)
+        if isinstance(field.dataType, T.StructType):
+            paths += [f"{field.name}.{path}" for path in uncoercible_paths(field.dataType.fields)]
+    return paths
+
+
 def float_overflows(number: Column) -> Column:
     """Whether a double is finite and a float would make it infinity (beyond a float's range)."""
     infinity = F.lit(float("inf"))
@@ -361,13 +373,17 @@ def _converted(
             POSITION_COLUMN, F.struct(F.col(f"`{stream.version_column}`"), F.col(POSITION_COLUMN))
         )
     reason = _rejection_reason(fields, stream, identifier_columns)
-    # An optional top-level column the event has a value for that did not coerce (a struct's own
-    # fields are not counted). The converted value comes first in the test: Spark then computes it
-    # once for the column and the test (an expression always evaluated is shared; the right side
-    # of an AND is not).
+    # An optional top-level column the event has a value for that did not coerce, and, inside a
+    # struct that did, each optional field with a value that did not (by its path). The converted
+    # value comes first in the test: Spark then computes it once for the column and the test (an
+    # expression always evaluated is shared; the right side of an AND is not).
     uncoercible = [
         F.when(F.col(f"`{f.name}`").isNull() & _field_present(f), F.lit(f.name)) for f in fields if may_not_coerce(f)
     ]
+    for field in fields:
+        if isinstance(field.dataType, T.StructType):
+            column = F.col(f"`{field.name}`")
+            uncoercible += _uncoercible_members(_field_text(field), column, field.dataType, field.name)
     return converted.select(
         "*",
         reason.alias(REASON_COLUMN),
@@ -375,6 +391,22 @@ def _converted(
         if uncoercible
         else F.array().cast("array<string>").alias(UNCOERCIBLE_COLUMN),
     ).drop(_RAW, _TYPED, _ROW, _RAW_OPERATION)
+
+
+def _uncoercible_members(raw: Column, converted: Column, struct: T.StructType, path: str) -> list[Column]:
+    """For a struct's JSON text ``raw`` and its ``converted`` value (NULL when ``raw`` is no
+    object, which the struct's own column counts), the path of each optional field, at any depth
+    of structs, whose member has a value that did not coerce."""
+    members = F.from_json(raw, _TEXT_FIELDS)  # type: ignore[arg-type]  # a map schema; the stubs omit it
+    found = []
+    for field in struct:
+        member_raw, member = members.getItem(field.name), converted.getField(field.name)
+        field_path = f"{path}.{field.name}"
+        if may_not_coerce(field):
+            found.append(F.when(converted.isNotNull() & member.isNull() & member_raw.isNotNull(), F.lit(field_path)))
+        if isinstance(field.dataType, T.StructType):
+            found += _uncoercible_members(member_raw, member, field.dataType, field_path)
+    return found
 
 
 def _parsed_typed(field: T.StructField) -> bool:

@@ -49,8 +49,8 @@ from lakehouse_assets.faults import crash_point
 from lakehouse_assets.ingest.conversion import (
     convert_events,
     convert_parsed_events,
-    may_not_coerce,
     row_fields,
+    uncoercible_paths,
     with_iceberg_types,
 )
 from lakehouse_assets.ingest.inference import SAMPLE_EVENTS, infer_columns
@@ -135,7 +135,7 @@ def kafka_lost_offsets(stream: StreamSpec, record: BatchRecord) -> dict[str, lis
 def batch_figures(stream: StreamSpec, table_schema: T.StructType) -> list[Column]:
     """The figures the ledger records of a staged batch, as aggregates over its staged rows: rows,
     deletes, rejected events, the event-time range, and per optional column the accepted events
-    whose value for it could not be coerced (``uncoercible``)."""
+    whose value for it could not be coerced (``uncoercible``; a struct's fields by their path)."""
     accepted = F.col(REASON_COLUMN).isNull()
     deleted = accepted & (F.col(OPERATION_COLUMN) == F.lit(DELETE))
     event_time = stream.resolved_event_time_column()
@@ -148,7 +148,7 @@ def batch_figures(stream: StreamSpec, table_schema: T.StructType) -> list[Column
         F.count(F.when(~accepted, 1)).alias("rejected"),
         F.date_format(F.min(event_times), ISO_8601_UTC).alias("min_event_time"),
         F.date_format(F.max(event_times), ISO_8601_UTC).alias("max_event_time"),
-        _uncoercible_counts([f.name for f in table_schema if may_not_coerce(f)], accepted).alias("uncoercible"),
+        _uncoercible_counts(uncoercible_paths(table_schema.fields), accepted).alias("uncoercible"),
     ]
 
 
