@@ -272,44 +272,46 @@ def test_a_float_beyond_its_range_is_null_never_infinity_without_schema_evolutio
     assert materialization.metadata["uncoercible_values"].value == {"ratio": 3}
 
 
-def test_a_struct_field_that_no_promotion_holds_is_null_and_counted_by_its_path(
+def test_a_value_inside_a_struct_list_or_map_that_no_promotion_holds_is_null_and_counted_by_its_path(
     lakehouse_home, tmp_path, monkeypatch, paths, instance
 ):
     columns = [
         {"name": "id", "type": "long", "required": True},
         {"name": "point", "type": "struct<x: int, label: string>"},
         {"name": "geo", "type": "struct<pos: struct<lat: double>>"},
+        {"name": "tags", "type": "list<int>"},
+        {"name": "scores", "type": "map<int, double>"},
     ]
     write_config(tmp_path, {"streams": [{**EVOLVING, "schema": {"columns": columns}}]}, monkeypatch)
     config = load_config()
     lake = Lakehouse(config, paths)
     events = [
-        {"id": 1, "point": {"x": 5_000_000_000, "label": "far"}, "geo": {"pos": {"lat": 1.5}}},
-        {"id": 2, "point": {"x": "east", "label": 7}, "geo": {"pos": {"lat": "north"}}},
-        {"id": 3, "point": {"x": None}, "geo": {"pos": "here"}},
-        {"id": 4, "point": "not an object"},
+        {"id": 1, "point": {"x": 5_000_000_000, "label": "far"}, "geo": {"pos": {"lat": 1.5}}, "tags": [4_000_000_000]},
+        {"id": 2, "point": {"x": "east", "label": 7}, "geo": {"pos": {"lat": "north"}}, "tags": [1, "two", None]},
+        {"id": 3, "point": {"x": None}, "geo": {"pos": "here"}, "scores": {"1": 0.5, "x": 1.0, "3": "high"}},
+        {"id": 4, "point": "not an object", "scores": {"5": None}},
     ]
     land_events(paths, config.stream("events"), [json.dumps(event) for event in events])
 
     assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
 
-    # x was promoted for the value that needed it; the values no promotion holds are NULL.
-    assert _columns(lake)["point"] == "struct<x: long, label: string>"
-    assert _duck_rows(lake, "id, point.x, point.label, geo.pos.lat") == [
-        (1, 5_000_000_000, "far", 1.5),
-        (2, None, "7", None),
-        (3, None, None, None),
-        (4, None, None, None),
+    # The values that needed a wider type promoted their place; those no promotion holds are NULL
+    # (a map entry whose key is no int is dropped: a key cannot be NULL).
+    assert (_columns(lake)["point"], _columns(lake)["tags"]) == ("struct<x: long, label: string>", "list<long>")
+    assert _duck_rows(lake, "id, point.x, point.label, geo.pos.lat, tags, scores") == [
+        (1, 5_000_000_000, "far", 1.5, [4_000_000_000], None),
+        (2, None, "7", None, [1, None, None], None),
+        (3, None, None, None, None, {1: 0.5, 3: None}),
+        (4, None, None, None, None, {5: None}),
     ]
-    # Each is counted where it was: a struct's field by its path (a null is no value to count).
-    counted = {"point": 1, "point.x": 1, "geo.pos": 1, "geo.pos.lat": 1}
+    # Each is counted where it was, by its path; a JSON null is no value to count.
+    counted = {"point": 1, "point.x": 1, "geo.pos": 1, "geo.pos.lat": 1, "tags.element": 1, "scores.key": 1}
+    counted["scores.value"] = 1
     summary = lake.table("web.events").current_snapshot().summary.additional_properties
     assert json.loads(summary[summary_keys.UNCOERCIBLE_VALUES]) == counted
     key = names.table_key("web.events")
-    assert (
-        instance.get_latest_materialization_event(key).asset_materialization.metadata["uncoercible_values"].value
-        == counted
-    )
+    metadata = instance.get_latest_materialization_event(key).asset_materialization.metadata
+    assert metadata["uncoercible_values"].value == counted
     warned = instance.get_latest_asset_check_evaluation_record(dg.AssetCheckKey(key, names.DEAD_LETTERS_CHECK))
     assert warned.status.value == "FAILED"
     assert "geo.pos.lat 1" in warned.event.dagster_event.event_specific_data.description

@@ -32,7 +32,8 @@ recognized, when none of its fields match a column, when a required column is mi
 be coerced (for a DELETE only the identifier columns must be present), or when its row does not
 meet an expectation with ``on_failure: dead_letter``; an optional column that cannot be coerced is
 written as NULL, and named in the event's ``_lakehouse_uncoercible`` (the batch counts them per
-column; a struct's optional field by its path, ``point.x``). Extra fields are ignored.
+column; below a column by its path: ``point.x``, ``tags.element``, ``scores.key``, ``scores.value``).
+Extra fields are ignored.
 """
 
 from __future__ import annotations
@@ -200,15 +201,32 @@ def may_not_coerce(field: T.StructField) -> bool:
 
 
 def uncoercible_paths(fields: list[T.StructField]) -> list[str]:
-    """The columns :func:`may_not_coerce` and, inside structs at any depth, the fields it holds
-    for, by their path (``point.x``): what an event's ``_lakehouse_uncoercible`` can name."""
+    """What an event's ``_lakehouse_uncoercible`` can name: the columns :func:`may_not_coerce`
+    and, below them, by path, each place a value can be lost for not coercing: a struct's field
+    (``point.x``, at any depth), a list's element (``tags.element``), a map's key (an entry
+    dropped) or value (``scores.key``, ``scores.value``)."""
     paths = []
     for field in fields:
         if may_not_coerce(field):
             paths.append(field.name)
-        if isinstance(field.dataType, T.StructType):
-            paths += [f"{field.name}.{path}" for path in uncoercible_paths(field.dataType.fields)]
+        paths += [f"{field.name}.{path}" for path in _paths_below(field.dataType)]
     return paths
+
+
+def _paths_below(data_type: T.DataType) -> list[str]:
+    if isinstance(data_type, T.StructType):
+        return uncoercible_paths(data_type.fields)
+    if isinstance(data_type, T.ArrayType):
+        return ["element"] if _may_lose(data_type.elementType) else []
+    if isinstance(data_type, T.MapType):
+        return [name for name, kind in (("key", data_type.keyType), ("value", data_type.valueType)) if _may_lose(kind)]
+    return []
+
+
+def _may_lose(data_type: T.DataType) -> bool:
+    """Whether a list's element or a map's key or value of this type can fail to coerce (a string
+    never does)."""
+    return not isinstance(data_type, T.StringType)
 
 
 def float_overflows(number: Column) -> Column:
@@ -381,9 +399,7 @@ def _converted(
         F.when(F.col(f"`{f.name}`").isNull() & _field_present(f), F.lit(f.name)) for f in fields if may_not_coerce(f)
     ]
     for field in fields:
-        if isinstance(field.dataType, T.StructType):
-            column = F.col(f"`{field.name}`")
-            uncoercible += _uncoercible_members(_field_text(field), column, field.dataType, field.name)
+        uncoercible += _uncoercible_below(_field_text(field), F.col(f"`{field.name}`"), field.dataType, field.name)
     return converted.select(
         "*",
         reason.alias(REASON_COLUMN),
@@ -393,20 +409,43 @@ def _converted(
     ).drop(_RAW, _TYPED, _ROW, _RAW_OPERATION)
 
 
-def _uncoercible_members(raw: Column, converted: Column, struct: T.StructType, path: str) -> list[Column]:
-    """For a struct's JSON text ``raw`` and its ``converted`` value (NULL when ``raw`` is no
-    object, which the struct's own column counts), the path of each optional field, at any depth
-    of structs, whose member has a value that did not coerce."""
-    members = F.from_json(raw, _TEXT_FIELDS)  # type: ignore[arg-type]  # a map schema; the stubs omit it
-    found = []
-    for field in struct:
-        member_raw, member = members.getItem(field.name), converted.getField(field.name)
-        field_path = f"{path}.{field.name}"
-        if may_not_coerce(field):
-            found.append(F.when(converted.isNotNull() & member.isNull() & member_raw.isNotNull(), F.lit(field_path)))
-        if isinstance(field.dataType, T.StructType):
-            found += _uncoercible_members(member_raw, member, field.dataType, field_path)
-    return found
+def _uncoercible_below(raw: Column, converted: Column, data_type: T.DataType, path: str) -> list[Column]:
+    """For a value's JSON text ``raw`` and its ``converted`` value of ``data_type`` (NULL when
+    ``raw`` is not of its shape, which the value's own place counts), each path of
+    :func:`uncoercible_paths` below it where something with a value did not coerce: per struct
+    field its member, per list any element, per map any key (its entry dropped) or value. Inside a
+    list's or a map's structs, only the element or value as a whole."""
+    if isinstance(data_type, T.StructType):
+        members = F.from_json(raw, _TEXT_FIELDS)  # type: ignore[arg-type]  # a map schema; the stubs omit it
+        found = []
+        for field in data_type:
+            member_raw, member = members.getItem(field.name), converted.getField(field.name)
+            field_path = f"{path}.{field.name}"
+            if may_not_coerce(field):
+                found.append(
+                    F.when(converted.isNotNull() & member.isNull() & member_raw.isNotNull(), F.lit(field_path))
+                )
+            found += _uncoercible_below(member_raw, member, field.dataType, field_path)
+        return found
+
+    def lost(values: Column, value_type: T.DataType) -> Column:
+        return F.exists(values, lambda value: value.isNotNull() & coerce_text(value, value_type).isNull())
+
+    def named_where(condition: Column, name: str) -> Column:
+        return F.when(converted.isNotNull() & condition, F.lit(f"{path}.{name}"))
+
+    if isinstance(data_type, T.ArrayType) and _may_lose(data_type.elementType):
+        return [named_where(lost(F.from_json(raw, _TEXT_ELEMENTS), data_type.elementType), "element")]
+    if isinstance(data_type, T.MapType):
+        entries = F.from_json(raw, _TEXT_FIELDS)  # type: ignore[arg-type]  # a map schema; the stubs omit it
+        found = []
+        if _may_lose(data_type.keyType):
+            found.append(named_where(lost(F.map_keys(entries), data_type.keyType), "key"))
+        if _may_lose(data_type.valueType):
+            kept = F.map_filter(entries, lambda key, _: coerce_text(key, data_type.keyType).isNotNull())
+            found.append(named_where(lost(F.map_values(kept), data_type.valueType), "value"))
+        return found
+    return []
 
 
 def _parsed_typed(field: T.StructField) -> bool:
