@@ -272,6 +272,44 @@ def test_a_float_beyond_its_range_is_null_never_infinity_without_schema_evolutio
     assert materialization.metadata["uncoercible_values"].value == {"ratio": 3}
 
 
+def test_fields_of_structs_inside_lists_and_maps_are_promoted_with_every_value_intact(
+    lakehouse_home, tmp_path, monkeypatch, paths, instance
+):
+    columns = [
+        {"name": "id", "type": "long", "required": True},
+        {"name": "items", "type": "list<struct<qty: int, sku: string>>"},
+        {"name": "prices", "type": "map<string, struct<amount: decimal(6,2), weights: list<float>>>"},
+    ]
+    write_config(tmp_path, {"streams": [{**EVOLVING, "schema": {"columns": columns}}]}, monkeypatch)
+    config = load_config()
+    lake = Lakehouse(config, paths)
+    events = [
+        {"id": 1, "items": [{"qty": 2, "sku": "a"}], "prices": {"a": {"amount": 1.5, "weights": [0.5]}}},
+        {"id": 2, "items": [{"qty": 1}, {"qty": 5_000_000_000, "sku": "b"}, None]},
+        {"id": 3, "prices": {"b": {"amount": 123456.78, "weights": [1e300, 2.5]}, "c": None}},
+    ]
+    land_events(paths, config.stream("events"), [json.dumps(event) for event in events])
+
+    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+
+    promoted = {
+        "items.element.qty": "long",
+        "prices.value.amount": "decimal(8,2)",
+        "prices.value.weights.element": "double",
+    }
+    summary = lake.table("web.events").current_snapshot().summary.additional_properties
+    assert json.loads(summary[summary_keys.SCHEMA_CHANGE]) == promoted
+    assert _columns(lake)["items"] == "list<struct<qty: long, sku: string>>"
+    assert _columns(lake)["prices"] == "map<string, struct<amount: decimal(8,2), weights: list<double>>>"
+    rows = _duck_rows(lake, "id, [item.qty FOR item IN items], prices['b'].amount::VARCHAR, prices['b'].weights")
+    assert rows == [
+        (1, [2], None, None),
+        (2, [1, 5_000_000_000, None], None, None),
+        (3, None, "123456.78", [1e300, 2.5]),
+    ]
+    assert summary_keys.UNCOERCIBLE_VALUES not in summary  # every value was held
+
+
 def test_a_value_inside_a_struct_list_or_map_that_no_promotion_holds_is_null_and_counted_by_its_path(
     lakehouse_home, tmp_path, monkeypatch, paths, instance
 ):

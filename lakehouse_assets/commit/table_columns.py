@@ -131,13 +131,20 @@ def schema_changes_since_last_snapshot(table: Table, branch: str = MAIN_BRANCH) 
     before = next((s for s in table.metadata.schemas if s.schema_id == schema_id), None)
     known = set(index_by_name(before).values()) if before else set()
     schema = table.schema()
-    added = {name: field_id for name, field_id in index_by_name(schema).items() if field_id not in known}
+    # Each field by its full name (``items.element.qty``): the name index also holds short names
+    # for the fields of lists' and maps' structs (``items.qty``).
+    names = sorted(
+        (name, field_id)
+        for field_id in set(index_by_name(schema).values())
+        if (name := schema.find_column_name(field_id))
+    )
+    added = {name: field_id for name, field_id in names if field_id not in known}
     changes = {
         name: iceberg_type_name(schema.find_type(field_id))
-        for name, field_id in sorted(added.items())
+        for name, field_id in added.items()
         if name.rpartition(".")[0] not in added
     }
-    for name, field_id in sorted(index_by_name(schema).items()):
+    for name, field_id in names:
         if before is None or field_id not in known:
             continue
         kind = schema.find_type(field_id)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import cast
 
 from pyspark.sql import Column, DataFrame
@@ -91,28 +92,65 @@ def _promotable(data_type: T.DataType) -> bool:
     return isinstance(data_type, PROMOTABLE)
 
 
-def _promotable_fields(
-    schema: T.StructType, prefix: FieldPath = ()
-) -> Iterator[tuple[FieldPath, T.DataType, str | None]]:
-    """Every int, float and decimal column and struct field, and every list of them and map to
-    them (``element`` or ``value``), with its path: not inside lists or maps of structs."""
-    for field in schema.fields:
-        path = (*prefix, field.name)
-        if isinstance(field.dataType, T.StructType):
-            yield from _promotable_fields(field.dataType, path)
-        elif _promotable(field.dataType):
-            yield path, field.dataType, None
-        elif isinstance(field.dataType, T.ArrayType) and _promotable(field.dataType.elementType):
-            yield path, field.dataType.elementType, ELEMENT
-        elif isinstance(field.dataType, T.MapType) and _promotable(field.dataType.valueType):
-            yield path, field.dataType.valueType, VALUE
+@dataclass(frozen=True)
+class _Place:
+    """Where an int, float or decimal sits in a column: its column's name and struct fields
+    (``fields``), then the steps below a list or map (``within``: a struct field's name, or
+    ``element`` for a list's elements, ``value`` for a map's values)."""
+
+    fields: FieldPath
+    within: tuple[tuple[str, str], ...]
+    data_type: T.DataType
+
+    @property
+    def name(self) -> str:
+        """Iceberg's dotted path of the place (``items.element.qty``)."""
+        return ".".join((*self.fields, *(name for _, name in self.within)))
 
 
-def _largest_need(path: FieldPath, data_type: T.DataType, member: str | None) -> Column:
-    """An aggregate of the batch's values at ``path`` (a list's elements, a map's values) that
-    tells whether they need a wider type: for int and float whether any does (1), for a decimal
-    the largest magnitude."""
-    text = F.get_json_object("row", _json_path(path))
+_FIELD = "field"
+
+
+def _promotable_places(
+    data_type: T.DataType, fields: FieldPath = (), within: tuple[tuple[str, str], ...] = ()
+) -> Iterator[_Place]:
+    """Every int, float and decimal column and struct field, list element and map value, at any
+    depth of structs, lists and maps."""
+    if isinstance(data_type, T.StructType):
+        for field in data_type.fields:
+            if within:
+                yield from _promotable_places(field.dataType, fields, (*within, (_FIELD, field.name)))
+            else:
+                yield from _promotable_places(field.dataType, (*fields, field.name))
+    elif isinstance(data_type, T.ArrayType):
+        yield from _promotable_places(data_type.elementType, fields, (*within, (ELEMENT, ELEMENT)))
+    elif isinstance(data_type, T.MapType):
+        yield from _promotable_places(data_type.valueType, fields, (*within, (VALUE, VALUE)))
+    elif fields and _promotable(data_type):
+        yield _Place(fields, within, data_type)
+
+
+def _texts_below(texts: Column, step: str, name: str) -> Column:
+    """The JSON texts one step below each of ``texts``: a struct's member ``name``, a list's
+    elements, a map's values (nothing for a text of another shape)."""
+
+    def members(text: Column) -> Column:
+        if step == _FIELD:
+            return F.array(F.from_json(text, TEXT_MAP).getItem(name))  # type: ignore[arg-type]  # a map schema
+        if step == ELEMENT:
+            return F.from_json(text, T.ArrayType(T.StringType()))
+        return F.map_values(F.from_json(text, TEXT_MAP))  # type: ignore[arg-type]  # a map schema; the stubs omit it
+
+    nothing = F.array().cast(T.ArrayType(T.StringType()))
+    return F.flatten(F.transform(texts, lambda text: F.coalesce(members(text), nothing)))
+
+
+def _largest_need(place: _Place) -> Column:
+    """An aggregate of the batch's values at ``place`` (every one below a list or map) that tells
+    whether they need a wider type: for int and float whether any does (1), for a decimal the
+    largest magnitude."""
+    data_type = place.data_type
+    text = F.get_json_object("row", _json_path(place.fields))
 
     def need(value: Column) -> Column:
         if isinstance(data_type, T.IntegerType):
@@ -123,31 +161,30 @@ def _largest_need(path: FieldPath, data_type: T.DataType, member: str | None) ->
         scale = cast(T.DecimalType, data_type).scale
         return F.abs(coerce_text(value, T.DecimalType(MAX_DECIMAL_PRECISION, scale)))
 
-    if member is None:
+    if not place.within:
         found = need(text)
     else:
-        members = (
-            F.from_json(text, T.ArrayType(T.StringType()))
-            if member == ELEMENT
-            else F.map_values(F.from_json(text, TEXT_MAP))  # type: ignore[arg-type]  # a map schema; the stubs omit it
-        )
-        found = F.array_max(F.transform(members, need))
+        texts = F.array(text)
+        for step, name in place.within:
+            texts = _texts_below(texts, step, name)
+        found = F.array_max(F.transform(texts, need))
     return F.max(found.cast("int") if isinstance(data_type, (T.IntegerType, T.FloatType)) else found)
 
 
 def promoted_columns(rows: DataFrame, table_schema: T.StructType) -> dict[str, str]:
-    """Int, float and decimal columns, struct fields, list elements and map values (dotted paths:
-    ``point.x``, ``tags.element``, ``scores.value``) whose values in the batch only a wider type
+    """Int, float and decimal columns, struct fields, list elements and map values at any depth
+    (dotted paths: ``point.x``, ``tags.element``, ``scores.value``, ``items.element.qty``) whose
+    values in the batch only a wider type
     holds, with that type: long, double, or the decimal with the precision the largest value needs
     (at most 38, the scale kept). Values no promotion holds do not count."""
-    candidates = list(_promotable_fields(table_schema))
+    candidates = list(_promotable_places(table_schema))
     if not candidates:
         return {}
-    needs = rows.agg(*[_largest_need(*candidate).alias(f"_{i}") for i, candidate in enumerate(candidates)]).first()
+    needs = rows.agg(*[_largest_need(place).alias(f"_{i}") for i, place in enumerate(candidates)]).first()
     promoted: dict[str, str] = {}
-    for index, (path, data_type, member) in enumerate(candidates):
+    for index, place in enumerate(candidates):
         need = needs[index] if needs else None
-        name = ".".join((*path, member) if member else path)
+        name, data_type = place.name, place.data_type
         if need is None or need == 0:
             continue
         if isinstance(data_type, T.IntegerType):
