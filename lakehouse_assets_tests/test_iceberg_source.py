@@ -92,11 +92,15 @@ def test_the_downstream_table_equals_the_source_after_every_change(with_source):
     _sync_and_compare(lake)  # compaction: nothing to apply
     assert lake.table("mirror.accounts").current_snapshot().snapshot_id == before
 
+    # A new column, and a column the source widened (as Iceberg allows) for a value only the wider
+    # type holds: the mirror promotes its own column for that value.
     spark.sql("ALTER TABLE lake.src.accounts ADD COLUMN tier string")
+    spark.sql("ALTER TABLE lake.src.accounts ALTER COLUMN balance TYPE decimal(12,2)")
     spark.sql("UPDATE lake.src.accounts SET tier = 'gold' WHERE id = 1")
-    spark.sql("INSERT INTO lake.src.accounts VALUES (7, 'gus', 70.00, 'us', 'silver')")
+    spark.sql("INSERT INTO lake.src.accounts VALUES (7, 'gus', 1234567890.12, 'us', 'silver')")
     spark.sql("DELETE FROM lake.src.accounts WHERE region = 'eu' AND id = 5")
     _sync_and_compare(lake, "id, name, balance, region, tier")
+    assert str(lake.table("mirror.accounts").schema().find_type("balance")) == "decimal(12, 2)"
 
     events = [
         json.loads(line)
