@@ -365,21 +365,28 @@ def test_a_column_an_operator_renames_or_drops_while_a_batch_is_staged_is_matche
         batch, _ = mint_next_batch(lake, stream, drain=True)
         stage_batch(spark, lake, stream, batch.sequence)
 
-    stage({"id": 1, "kind": "a"})
+    stage({"id": 1, "kind": "a", "meta": {"x": 1, "y": "p"}})
     commit_table(spark, lake, "web.events", "test")
-    # Staged under `kind`; the operator renames it in Spark SQL before the batch commits.
-    stage({"id": 2, "kind": "b"})
-    spark.sql(f"ALTER TABLE {qualified_name('web.events')} RENAME COLUMN kind TO category")
+    # Staged under `kind` and `meta.x`; the operator renames both in Spark SQL before the batch
+    # commits, and adds a new `meta.x` of another type: it is not the staged `x`.
+    stage({"id": 2, "kind": "b", "meta": {"x": 2, "y": "q"}})
+    table = qualified_name("web.events")
+    spark.sql(f"ALTER TABLE {table} RENAME COLUMN kind TO category")
+    spark.sql(f"ALTER TABLE {table} RENAME COLUMN meta.x TO size")
+    spark.sql(f"ALTER TABLE {table} ADD COLUMN meta.x string")
     commit_table(spark, lake, "web.events", "test")
-    assert list(_columns(lake)) == ["id", "category"]
-    assert _duck_rows(lake, "id, category") == [(1, "a"), (2, "b")]
+    assert list(_columns(lake)) == ["id", "category", "meta"]
+    assert _duck_rows(lake, "id, category, meta.size, meta.y, meta.x") == [
+        (1, "a", 1, "p", None),
+        (2, "b", 2, "q", None),
+    ]
 
     # Staged with `category`; the operator drops it: the batch commits without it.
     stage({"id": 3, "category": "c"})
     spark.sql(f"ALTER TABLE {qualified_name('web.events')} DROP COLUMN category")
     commit_table(spark, lake, "web.events", "test")
     assert _duck_rows(lake, "id") == [(1,), (2,), (3,)]
-    assert list(_columns(lake)) == ["id"]
+    assert list(_columns(lake)) == ["id", "meta"]
 
 
 def test_a_required_column_the_events_stop_carrying_becomes_optional_with_relax_required(

@@ -4,6 +4,7 @@ and the events it sends to the dead letters (the writer's side is ``ingest.stage
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -42,28 +43,44 @@ def _written_schema(directory: Path) -> T.StructType | None:
     return T.StructType.fromJson(json.loads(footer[SPARK_ROW_SCHEMA_KEY]))
 
 
-def accepted_rows(staged: DataFrame, table_schema: T.StructType) -> DataFrame:
+def accepted_rows(
+    staged: DataFrame, table_schema: T.StructType, staged_names: Mapping[str, str | None] | None = None
+) -> DataFrame:
     """The staged rows to publish, with their operation, as the table's columns: cast to the
     table's types (a column added by another batch first keeps its type) and NULL where the
-    batch has no such column or struct field."""
-    present = {field.name: field.dataType for field in staged.schema}
+    batch has no such column or struct field. ``staged_names`` maps a column's or struct field's
+    dotted path to the name the batch staged it under, where that changed (None: not staged)."""
     columns = [
-        _aligned(F.col(f"`{field.name}`"), present.get(field.name), field.dataType).alias(field.name)
+        _aligned(_top_level, staged.schema, field, field.name, staged_names or {}).alias(field.name)
         for field in table_schema
     ]
     return staged.where(F.col(REASON_COLUMN).isNull()).select(*columns, F.col(OPERATION_COLUMN))
 
 
-def _aligned(column: Column, staged_type: T.DataType | None, table_type: T.DataType) -> Column:
-    """``column`` (staged as ``staged_type``, None when absent) as ``table_type``; struct fields
-    are matched by name, so a struct staged before a field was added gets NULL in it."""
-    if staged_type is None:
+def _top_level(name: str) -> Column:
+    return F.col(f"`{name}`")
+
+
+def _aligned(
+    member: Callable[[str], Column],
+    staged_struct: T.StructType,
+    field: T.StructField,
+    path: str,
+    staged_names: Mapping[str, str | None],
+) -> Column:
+    """The table's ``field`` (at ``path``) as its type, from the member of the staged struct
+    (``member`` gives it by name) that holds it: by its staged name, so a struct staged before a
+    field was added gets NULL in it."""
+    name = staged_names.get(path, field.name)
+    staged_type = next((staged.dataType for staged in staged_struct if staged.name == name), None)
+    table_type = field.dataType
+    if name is None or staged_type is None:
         return F.lit(None).cast(table_type)
+    column = member(name)
     if isinstance(table_type, T.StructType) and isinstance(staged_type, T.StructType):
-        staged_fields = {field.name: field.dataType for field in staged_type}
         fields = [
-            _aligned(column.getField(field.name), staged_fields.get(field.name), field.dataType).alias(field.name)
-            for field in table_type
+            _aligned(column.getField, staged_type, inner, f"{path}.{inner.name}", staged_names).alias(inner.name)
+            for inner in table_type
         ]
         return F.when(column.isNotNull(), F.struct(*fields))
     return column.cast(table_type)

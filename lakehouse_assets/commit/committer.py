@@ -68,8 +68,8 @@ from lakehouse_assets.commit.table_columns import (
     promote_narrower_columns,
     proposed_fields,
     relax_required_columns,
-    renamed_columns,
     schema_changes_since_last_snapshot,
+    staged_names,
 )
 from lakehouse_assets.commit.table_writes import (
     ChangeCounts,
@@ -340,13 +340,12 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
 
 def _staged_rows(spark: SparkSession, batches: list[BatchRecord], table_schema: StructType, table: Table) -> DataFrame:
     """The accepted rows of the staged ``batches`` as the table's columns, with their operation;
-    a batch's columns that were renamed since it was staged take their new names (by field id)."""
+    a batch's columns and struct fields that were renamed since it was staged take their new names
+    (by field id)."""
     aligned = []
     for record in batches:
         staged = read_staged(spark, record.events_path())
-        renamed = renamed_columns(table, record.staged_batch.schema_id)
-        staged = staged.withColumnsRenamed({old: new for old, new in renamed.items() if old in staged.columns})
-        aligned.append(accepted_rows(staged, table_schema))
+        aligned.append(accepted_rows(staged, table_schema, staged_names(table, record.staged_batch.schema_id)))
     return reduce(DataFrame.unionByName, aligned)
 
 

@@ -5,8 +5,11 @@ commit that first carries them. What a batch's events propose is found while sta
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from pyiceberg.schema import Schema, index_by_name
 from pyiceberg.table import Table
+from pyiceberg.types import StructType
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
@@ -171,15 +174,32 @@ def relax_required_columns(spark: SparkSession, table_identifier: str, schema: S
     return relaxed
 
 
-def renamed_columns(table: Table, schema_id: int | None) -> dict[str, str]:
-    """The table's top-level columns renamed since its schema ``schema_id``: old name -> name now,
-    matched by field id (a column dropped since has no entry, nor does one renamed back)."""
+def staged_names(table: Table, schema_id: int | None) -> dict[str, str | None]:
+    """How a batch staged under the table's schema ``schema_id`` names the columns and struct
+    fields (at any depth of structs) whose names changed since, matched by field id: the name now
+    (its dotted path) -> the name it was staged under (its own, within its struct), or None for a
+    field added since under a name that another field, renamed since, had then (not that one's
+    values). A field renamed back, or dropped, has no entry."""
     before = next((schema for schema in table.metadata.schemas if schema.schema_id == schema_id), None)
     if before is None or schema_id == table.schema().schema_id:
         return {}
-    now = {field.field_id: field.name for field in table.schema().fields}
-    return {
-        field.name: now[field.field_id]
-        for field in before.fields
-        if field.field_id in now and now[field.field_id] != field.name
-    }
+    then = {field_id: (parent, name) for _, field_id, parent, name in _struct_fields(before.as_struct())}
+    now = list(_struct_fields(table.schema().as_struct()))
+    renamed_away = {then[field_id] for _, field_id, _, name in now if field_id in then and then[field_id][1] != name}
+    found: dict[str, str | None] = {}
+    for path, field_id, parent, name in now:
+        if field_id in then and then[field_id][1] != name:
+            found[path] = then[field_id][1]
+        elif field_id not in then and (parent, name) in renamed_away:
+            found[path] = None
+    return found
+
+
+def _struct_fields(struct: StructType, path: str = "", parent: int = 0) -> Iterator[tuple[str, int, int, str]]:
+    """Each field of ``struct`` and of the structs in it: its dotted path, id, parent's id (0 at
+    the top) and name."""
+    for field in struct.fields:
+        field_path = f"{path}{field.name}"
+        yield field_path, field.field_id, parent, field.name
+        if isinstance(field.field_type, StructType):
+            yield from _struct_fields(field.field_type, f"{field_path}.", field.field_id)
