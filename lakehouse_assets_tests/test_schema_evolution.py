@@ -272,6 +272,16 @@ def test_a_float_beyond_its_range_is_null_never_infinity_without_schema_evolutio
     assert materialization.metadata["uncoercible_values"].value == {"ratio": 3}
 
 
+def _committed(columns: list[dict], events: list[dict], tmp_path, monkeypatch, paths, instance) -> Lakehouse:
+    """Land ``events`` in an evolving stream declared with ``columns`` and run the pipeline until
+    idle (it must not fail); the lakehouse."""
+    write_config(tmp_path, {"streams": [{**EVOLVING, "schema": {"columns": columns}}]}, monkeypatch)
+    config = load_config()
+    land_events(paths, config.stream("events"), [json.dumps(event) for event in events])
+    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+    return Lakehouse(config, paths)
+
+
 def test_fields_of_structs_inside_lists_and_maps_are_promoted_with_every_value_intact(
     lakehouse_home, tmp_path, monkeypatch, paths, instance
 ):
@@ -280,17 +290,13 @@ def test_fields_of_structs_inside_lists_and_maps_are_promoted_with_every_value_i
         {"name": "items", "type": "list<struct<qty: int, sku: string>>"},
         {"name": "prices", "type": "map<string, struct<amount: decimal(6,2), weights: list<float>>>"},
     ]
-    write_config(tmp_path, {"streams": [{**EVOLVING, "schema": {"columns": columns}}]}, monkeypatch)
-    config = load_config()
-    lake = Lakehouse(config, paths)
     events = [
         {"id": 1, "items": [{"qty": 2, "sku": "a"}], "prices": {"a": {"amount": 1.5, "weights": [0.5]}}},
         {"id": 2, "items": [{"qty": 1}, {"qty": 5_000_000_000, "sku": "b"}, None]},
         {"id": 3, "prices": {"b": {"amount": 123456.78, "weights": [1e300, 2.5]}, "c": None}},
     ]
-    land_events(paths, config.stream("events"), [json.dumps(event) for event in events])
 
-    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+    lake = _committed(columns, events, tmp_path, monkeypatch, paths, instance)
 
     promoted = {
         "items.element.qty": "long",
@@ -320,18 +326,14 @@ def test_a_value_inside_a_struct_list_or_map_that_no_promotion_holds_is_null_and
         {"name": "tags", "type": "list<int>"},
         {"name": "scores", "type": "map<int, double>"},
     ]
-    write_config(tmp_path, {"streams": [{**EVOLVING, "schema": {"columns": columns}}]}, monkeypatch)
-    config = load_config()
-    lake = Lakehouse(config, paths)
     events = [
         {"id": 1, "point": {"x": 5_000_000_000, "label": "far"}, "geo": {"pos": {"lat": 1.5}}, "tags": [4_000_000_000]},
         {"id": 2, "point": {"x": "east", "label": 7}, "geo": {"pos": {"lat": "north"}}, "tags": [1, "two", None]},
         {"id": 3, "point": {"x": None}, "geo": {"pos": "here"}, "scores": {"1": 0.5, "x": 1.0, "3": "high"}},
         {"id": 4, "point": "not an object", "scores": {"5": None}},
     ]
-    land_events(paths, config.stream("events"), [json.dumps(event) for event in events])
 
-    assert run_until_idle(build_definitions(config), instance, log=lambda _: None).failed == []
+    lake = _committed(columns, events, tmp_path, monkeypatch, paths, instance)
 
     # The values that needed a wider type promoted their place; those no promotion holds are NULL
     # (a map entry whose key is no int is dropped: a key cannot be NULL).

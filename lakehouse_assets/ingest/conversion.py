@@ -399,7 +399,8 @@ def _converted(
         F.when(F.col(f"`{f.name}`").isNull() & _field_present(f), F.lit(f.name)) for f in fields if may_not_coerce(f)
     ]
     for field in fields:
-        uncoercible += _uncoercible_below(_field_text(field), F.col(f"`{field.name}`"), field.dataType, field.name)
+        if _paths_below(field.dataType):
+            uncoercible += _uncoercible_below(_field_text(field), F.col(f"`{field.name}`"), field.dataType, field.name)
     return converted.select(
         "*",
         reason.alias(REASON_COLUMN),
