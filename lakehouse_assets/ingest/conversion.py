@@ -391,8 +391,8 @@ def _converted(
             POSITION_COLUMN, F.struct(F.col(f"`{stream.version_column}`"), F.col(POSITION_COLUMN))
         )
     reason = _rejection_reason(fields, stream, identifier_columns)
-    # An optional top-level column the event has a value for that did not coerce, and, inside a
-    # struct that did, each optional field with a value that did not (by its path). The converted
+    # An optional top-level column the event has a value for that did not coerce, and, below a
+    # struct, list or map column that did, each place with a value that did not (by its path). The converted
     # value comes first in the test: Spark then computes it once for the column and the test (an
     # expression always evaluated is shared; the right side of an AND is not).
     uncoercible = [
