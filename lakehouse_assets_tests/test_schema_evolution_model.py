@@ -4,17 +4,18 @@ promotion rules.
 Batches whose values fit their declared types, outgrow them (a long in an ``int``, a double in a
 ``float``, more digits in a ``decimal(6,2)``), fit no type (text), or stop carrying a required
 column, are staged one by one and committed together, interleaved with an operator widening a
-column in Spark SQL and with commits that fail after the schema change or after the write (then
-commit again, as the next run would). After every commit DuckDB reads the table: every row as the
-oracle has it (no value lost that a legal promotion holds, every other one NULL and counted in
-``lakehouse.uncoercible-values``), and the schema equal to the oracle's.
+column in Spark SQL and with ``lakehouse run`` processes killed (SIGKILL) after the committer's
+schema change or after its write (then commit again, as the next run would). After every commit
+DuckDB reads the table: every row as the oracle has it (no value lost that a legal promotion holds,
+every other one NULL and counted in ``lakehouse.uncoercible-values``), and the schema equal to the
+oracle's.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
+import signal
 import struct
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -22,7 +23,7 @@ from decimal import Decimal
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events
@@ -36,6 +37,7 @@ from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets_tests.conftest import write_config
+from lakehouse_assets_tests.fault_injection.pipeline import run_pipeline
 
 pytestmark = pytest.mark.spark
 
@@ -159,17 +161,9 @@ class SchemaLife(RuleBasedStateMachine):
         stage_batch(self.spark, self.lake, stream, batch.sequence)
         self.staged.append(StagedBatch(self.table_types.widened_for(list(numbered.values())), numbered))
 
-    @rule(failure=st.sampled_from([None, faults.COMMITTER_AFTER_SCHEMA_CHANGE, faults.COMMITTER_AFTER_WRITE]))
-    def commit(self, failure: str | None) -> None:
-        """Commit what is staged; a commit that fails at ``failure`` is followed by the next run's."""
-        if failure:
-            os.environ[faults.FAIL_ENV] = failure
-            try:
-                commit_table(self.spark, self.lake, TABLE, "failing")
-            except faults.InjectedFault:
-                pass
-            finally:
-                del os.environ[faults.FAIL_ENV]
+    @rule()
+    def commit(self) -> None:
+        """Commit what is staged, as the next run does."""
         outcome = commit_table(self.spark, self.lake, TABLE, "test")
         assert not outcome.fenced
         for batch in self.staged:
@@ -177,6 +171,19 @@ class SchemaLife(RuleBasedStateMachine):
             for row_id, event in batch.rows.items():
                 self.committed[row_id] = self._stored(event, batch.types)
         self.staged = []
+
+    @precondition(lambda self: self.staged)
+    @rule(point=st.sampled_from([faults.COMMITTER_AFTER_SCHEMA_CHANGE, faults.COMMITTER_AFTER_WRITE]))
+    def killed_commit(self, point: str) -> None:
+        """A ``lakehouse run`` process killed (SIGKILL) at ``point``, then the next run's commit.
+        The schema change's point is reached only when a staged batch needs a wider table."""
+        widened = self.table_types
+        for batch in self.staged:
+            widened = widened.widest(batch.types)
+        reached = point == faults.COMMITTER_AFTER_WRITE or widened != self.table_types
+        killed = run_pipeline({faults.CRASH_ENV: point})
+        assert killed.returncode == (-signal.SIGKILL if reached else 0), killed.stdout[-3000:] + killed.stderr[-3000:]
+        self.commit()
 
     @rule()
     def operator_widens_n(self) -> None:
@@ -232,3 +239,18 @@ def test_a_stream_life_of_widening_narrowing_and_missing_values_matches_the_prom
             suppress_health_check=list(HealthCheck),
         ),
     )
+
+
+def test_runs_killed_after_a_promotion_and_after_its_commit_leave_the_table_the_oracle(
+    tmp_path, monkeypatch, lakehouse_home
+):
+    """The kills the state machine draws at random, each at least once: a batch that promotes all
+    three columns and one that relaxes ``r``, each committed by a run killed at a point."""
+    life = SchemaLife(tmp_path, monkeypatch)
+    life.stage([{"n": 2**40, "f": 1e300, "d": Decimal("123456.78"), "r": 1.5}])
+    life.killed_commit(faults.COMMITTER_AFTER_SCHEMA_CHANGE)
+    life.the_table_is_the_oracle()
+    life.stage([{"n": 5, "f": 0.5, "d": Decimal("1.25")}])
+    life.killed_commit(faults.COMMITTER_AFTER_WRITE)
+    life.the_table_is_the_oracle()
+    assert life.table_types == ModelTypes("long", "double", 8, r_required=False)
