@@ -325,12 +325,16 @@ def test_a_value_inside_a_struct_list_or_map_that_no_promotion_holds_is_null_and
         {"name": "geo", "type": "struct<pos: struct<lat: double>>"},
         {"name": "tags", "type": "list<int>"},
         {"name": "scores", "type": "map<int, double>"},
+        {"name": "items", "type": "list<struct<qty: int, sku: string>>"},
+        {"name": "prices", "type": "map<string, struct<amount: double>>"},
     ]
     events = [
         {"id": 1, "point": {"x": 5_000_000_000, "label": "far"}, "geo": {"pos": {"lat": 1.5}}, "tags": [4_000_000_000]},
         {"id": 2, "point": {"x": "east", "label": 7}, "geo": {"pos": {"lat": "north"}}, "tags": [1, "two", None]},
         {"id": 3, "point": {"x": None}, "geo": {"pos": "here"}, "scores": {"1": 0.5, "x": 1.0, "3": "high"}},
         {"id": 4, "point": "not an object", "scores": {"5": None}},
+        {"id": 5, "items": [{"qty": "many", "sku": "z"}, "not an object", {"qty": 3}], "prices": {"a": {"amount": "low"}}},
+        {"id": 6, "items": [{"qty": 2, "sku": None}], "prices": {"a": {"amount": 2.5}, "b": 7}},
     ]
 
     lake = _committed(columns, events, tmp_path, monkeypatch, paths, instance)
@@ -343,10 +347,18 @@ def test_a_value_inside_a_struct_list_or_map_that_no_promotion_holds_is_null_and
         (2, None, "7", None, [1, None, None], None),
         (3, None, None, None, None, {1: 0.5, 3: None}),
         (4, None, None, None, None, {5: None}),
+        (5, None, None, None, None, None),
+        (6, None, None, None, None, None),
     ]
-    # Each is counted where it was, by its path; a JSON null is no value to count.
+    assert _duck_rows(lake, "id, items, prices", "web.events")[4:] == [
+        (5, [{"qty": None, "sku": "z"}, None, {"qty": 3, "sku": None}], {"a": {"amount": None}}),
+        (6, [{"qty": 2, "sku": None}], {"a": {"amount": 2.5}, "b": None}),
+    ]
+    # Each is counted where it was, by its path, inside a list's or a map's structs too (an event
+    # counts once per place); a JSON null is no value to count.
     counted = {"point": 1, "point.x": 1, "geo.pos": 1, "geo.pos.lat": 1, "tags.element": 1, "scores.key": 1}
-    counted["scores.value"] = 1
+    counted |= {"scores.value": 1, "items.element": 1, "items.element.qty": 1, "prices.value": 1}
+    counted["prices.value.amount"] = 1
     summary = lake.table("web.events").current_snapshot().summary.additional_properties
     assert json.loads(summary[summary_keys.UNCOERCIBLE_VALUES]) == counted
     key = names.table_key("web.events")

@@ -39,6 +39,7 @@ Extra fields are ignored.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from functools import reduce
 from typing import cast
 
@@ -204,7 +205,8 @@ def uncoercible_paths(fields: list[T.StructField]) -> list[str]:
     """What an event's ``_lakehouse_uncoercible`` can name: the columns :func:`may_not_coerce`
     and, below them, by path, each place a value can be lost for not coercing: a struct's field
     (``point.x``, at any depth), a list's element (``tags.element``), a map's key (an entry
-    dropped) or value (``scores.key``, ``scores.value``)."""
+    dropped) or value (``scores.key``, ``scores.value``), and the places below an element or a
+    value (``items.element.qty``)."""
     paths = []
     for field in fields:
         if may_not_coerce(field):
@@ -217,10 +219,15 @@ def _paths_below(data_type: T.DataType) -> list[str]:
     if isinstance(data_type, T.StructType):
         return uncoercible_paths(data_type.fields)
     if isinstance(data_type, T.ArrayType):
-        return ["element"] if _may_lose(data_type.elementType) else []
+        return _paths_of("element", data_type.elementType)
     if isinstance(data_type, T.MapType):
-        return [name for name, kind in (("key", data_type.keyType), ("value", data_type.valueType)) if _may_lose(kind)]
+        return ["key"] * _may_lose(data_type.keyType) + _paths_of("value", data_type.valueType)
     return []
+
+
+def _paths_of(name: str, data_type: T.DataType) -> list[str]:
+    """A list's element or a map's value named ``name``: itself where it can be lost, and below it."""
+    return [name] * _may_lose(data_type) + [f"{name}.{path}" for path in _paths_below(data_type)]
 
 
 def _may_lose(data_type: T.DataType) -> bool:
@@ -399,8 +406,8 @@ def _converted(
         F.when(F.col(f"`{f.name}`").isNull() & _field_present(f), F.lit(f.name)) for f in fields if may_not_coerce(f)
     ]
     for field in fields:
-        if _paths_below(field.dataType):
-            uncoercible += _uncoercible_below(_field_text(field), F.col(f"`{field.name}`"), field.dataType, field.name)
+        for path, lost in _losses_below(_field_text(field), F.col(f"`{field.name}`"), field.dataType, field.name):
+            uncoercible.append(F.when(lost, F.lit(path)))
     return converted.select(
         "*",
         reason.alias(REASON_COLUMN),
@@ -410,12 +417,12 @@ def _converted(
     ).drop(_RAW, _TYPED, _ROW, _RAW_OPERATION)
 
 
-def _uncoercible_below(raw: Column, converted: Column, data_type: T.DataType, path: str) -> list[Column]:
+def _losses_below(raw: Column, converted: Column, data_type: T.DataType, path: str) -> list[tuple[str, Column]]:
     """For a value's JSON text ``raw`` and its ``converted`` value of ``data_type`` (NULL when
     ``raw`` is not of its shape, which the value's own place counts), each path of
-    :func:`uncoercible_paths` below it where something with a value did not coerce: per struct
-    field its member, per list any element, per map any key (its entry dropped) or value. Inside a
-    list's or a map's structs, only the element or value as a whole."""
+    :func:`uncoercible_paths` below it with the condition that something with a value did not
+    coerce there: per struct field its member, per list any element, per map any key (its entry
+    dropped) or value, and below a list's elements or a map's values, any of them."""
     if isinstance(data_type, T.StructType):
         members = F.from_json(raw, _TEXT_FIELDS)  # type: ignore[arg-type]  # a map schema; the stubs omit it
         found = []
@@ -423,30 +430,40 @@ def _uncoercible_below(raw: Column, converted: Column, data_type: T.DataType, pa
             member_raw, member = members.getItem(field.name), converted.getField(field.name)
             field_path = f"{path}.{field.name}"
             if may_not_coerce(field):
-                found.append(
-                    F.when(converted.isNotNull() & member.isNull() & member_raw.isNotNull(), F.lit(field_path))
-                )
-            found += _uncoercible_below(member_raw, member, field.dataType, field_path)
+                found.append((field_path, converted.isNotNull() & member.isNull() & member_raw.isNotNull()))
+            found += _losses_below(member_raw, member, field.dataType, field_path)
         return found
-
-    def lost(values: Column, value_type: T.DataType) -> Column:
-        return F.exists(values, lambda value: value.isNotNull() & coerce_text(value, value_type).isNull())
-
-    def named_where(condition: Column, name: str) -> Column:
-        return F.when(converted.isNotNull() & condition, F.lit(f"{path}.{name}"))
-
-    if isinstance(data_type, T.ArrayType) and _may_lose(data_type.elementType):
-        return [named_where(lost(F.from_json(raw, _TEXT_ELEMENTS), data_type.elementType), "element")]
+    if isinstance(data_type, T.ArrayType):
+        return _losses_in(F.from_json(raw, _TEXT_ELEMENTS), converted, data_type.elementType, f"{path}.element")
     if isinstance(data_type, T.MapType):
         entries = F.from_json(raw, _TEXT_FIELDS)  # type: ignore[arg-type]  # a map schema; the stubs omit it
         found = []
         if _may_lose(data_type.keyType):
-            found.append(named_where(lost(F.map_keys(entries), data_type.keyType), "key"))
-        if _may_lose(data_type.valueType):
-            kept = F.map_filter(entries, lambda key, _: coerce_text(key, data_type.keyType).isNotNull())
-            found.append(named_where(lost(F.map_values(kept), data_type.valueType), "value"))
-        return found
+            found.append((f"{path}.key", converted.isNotNull() & _any_lost(F.map_keys(entries), data_type.keyType)))
+        kept = F.map_filter(entries, lambda key, _: coerce_text(key, data_type.keyType).isNotNull())
+        return found + _losses_in(F.map_values(kept), converted, data_type.valueType, f"{path}.value")
     return []
+
+
+def _losses_in(texts: Column, converted: Column, data_type: T.DataType, path: str) -> list[tuple[str, Column]]:
+    """The places at and below a list's elements or a map's values (their JSON ``texts``) of
+    ``data_type`` named ``path``, each with the condition that one of them lost a value there."""
+    found = [(path, converted.isNotNull() & _any_lost(texts, data_type))] if _may_lose(data_type) else []
+    # Each place below is one test over all of them, in the order of :func:`_paths_below`.
+    for index, below in enumerate(f"{path}.{name}" for name in _paths_below(data_type)):
+        found.append((below, converted.isNotNull() & F.exists(texts, _loss_at(index, data_type, path))))
+    return found
+
+
+def _loss_at(index: int, data_type: T.DataType, path: str) -> Callable[[Column], Column]:
+    """The condition of the ``index``-th place below one element's or value's JSON text (a
+    one-argument function, as Spark's ``exists`` takes)."""
+    return lambda text: _losses_below(text, coerce_text(text, data_type), data_type, path)[index][1]
+
+
+def _any_lost(texts: Column, data_type: T.DataType) -> Column:
+    """Whether any of ``texts`` has a value that does not coerce to ``data_type`` as a whole."""
+    return F.exists(texts, lambda text: text.isNotNull() & coerce_text(text, data_type).isNull())
 
 
 def _parsed_typed(field: T.StructField) -> bool:
