@@ -17,10 +17,14 @@ TEST_TMPDIR ?= $(if $(wildcard /dev/shm/.),/dev/shm,$(or $(TMPDIR),/tmp))
 # uv installs the packages (downloads in parallel): about half of pip's time from a cold cache
 # (docs/benchmarks.md). It reads its own settings, not pip's: behind a package mirror, set
 # UV_DEFAULT_INDEX (or UV_INDEX_URL) as you would PIP_INDEX_URL.
+# The packages are compiled to bytecode once here (--compile-bytecode): where
+# PYTHONDONTWRITEBYTECODE is set (containers, CI) every process would otherwise compile Dagster
+# from source as it starts, a second or more of CPU for each `lakehouse` command, run worker and
+# code server (docs/benchmarks.md).
 $(BIN)/lakehouse: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet uv==$(UV_VERSION)
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev]'
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -e '.[dev]'
 	touch $@
 
 run: $(BIN)/lakehouse
