@@ -333,7 +333,7 @@ def test_a_value_inside_a_struct_list_or_map_that_no_promotion_holds_is_null_and
         {"id": 2, "point": {"x": "east", "label": 7}, "geo": {"pos": {"lat": "north"}}, "tags": [1, "two", None]},
         {"id": 3, "point": {"x": None}, "geo": {"pos": "here"}, "scores": {"1": 0.5, "x": 1.0, "3": "high"}},
         {"id": 4, "point": "not an object", "scores": {"5": None}},
-        {"id": 5, "items": [{"qty": "many", "sku": "z"}, "not an object", {"qty": 3}], "prices": {"a": {"amount": "low"}}},
+        {"id": 5, "items": [{"qty": "many", "sku": "z"}, "no object", {"qty": 3}], "prices": {"a": {"amount": "low"}}},
         {"id": 6, "items": [{"qty": 2, "sku": None}], "prices": {"a": {"amount": 2.5}, "b": 7}},
     ]
 
@@ -401,6 +401,37 @@ def test_a_column_an_operator_renames_or_drops_while_a_batch_is_staged_is_matche
     commit_table(spark, lake, "web.events", "test")
     assert _duck_rows(lake, "id") == [(1,), (2,), (3,)]
     assert list(_columns(lake)) == ["id", "meta"]
+
+
+def test_fields_of_structs_in_lists_and_maps_an_operator_renames_or_adds_while_a_batch_is_staged_keep_their_values(
+    lakehouse_home, tmp_path, monkeypatch, paths
+):
+    columns = [
+        {"name": "id", "type": "long", "required": True},
+        {"name": "items", "type": "list<struct<qty: int, sku: string>>"},
+        {"name": "prices", "type": "map<string, struct<amount: double>>"},
+    ]
+    write_config(tmp_path, {"streams": [{**EVOLVING, "schema": {"columns": columns}}]}, monkeypatch)
+    config = load_config()
+    lake = Lakehouse(config, paths)
+    spark = lakehouse_session(lake)
+    stream = config.stream("events")
+    event = {"id": 1, "items": [{"qty": 2, "sku": "a"}, None], "prices": {"a": {"amount": 1.5}, "b": None}}
+    land_events(paths, stream, [json.dumps(event)])
+    batch, _ = mint_next_batch(lake, stream, drain=True)
+    stage_batch(spark, lake, stream, batch.sequence)
+    # Staged under `qty` and `amount`; before it commits the operator renames both in Spark SQL
+    # and adds a field to the list's structs.
+    table = qualified_name("web.events")
+    spark.sql(f"ALTER TABLE {table} RENAME COLUMN items.element.qty TO quantity")
+    spark.sql(f"ALTER TABLE {table} RENAME COLUMN prices.value.amount TO price")
+    spark.sql(f"ALTER TABLE {table} ADD COLUMN items.element.note string")
+    commit_table(spark, lake, "web.events", "test")
+
+    assert _columns(lake)["items"] == "list<struct<quantity: int, sku: string, note: string>>"
+    assert _duck_rows(lake, "id, items, prices") == [
+        (1, [{"quantity": 2, "sku": "a", "note": None}, None], {"a": {"price": 1.5}, "b": None}),
+    ]
 
 
 def test_a_required_column_the_events_stop_carrying_becomes_optional_with_relax_required(

@@ -73,17 +73,43 @@ def _aligned(
     field was added gets NULL in it."""
     name = staged_names.get(path, field.name)
     staged_type = next((staged.dataType for staged in staged_struct if staged.name == name), None)
-    table_type = field.dataType
     if name is None or staged_type is None:
-        return F.lit(None).cast(table_type)
-    column = member(name)
+        return F.lit(None).cast(field.dataType)
+    return _as_table_type(member(name), staged_type, field.dataType, path, staged_names)
+
+
+def _as_table_type(
+    column: Column, staged_type: T.DataType, table_type: T.DataType, path: str, staged_names: Mapping[str, str | None]
+) -> Column:
+    """A staged value of ``staged_type`` as the table's ``table_type``: each struct's fields by
+    their staged names (through lists' elements and maps' values too), the rest cast."""
     if isinstance(table_type, T.StructType) and isinstance(staged_type, T.StructType):
         fields = [
             _aligned(column.getField, staged_type, inner, f"{path}.{inner.name}", staged_names).alias(inner.name)
             for inner in table_type
         ]
         return F.when(column.isNotNull(), F.struct(*fields))
+    if isinstance(table_type, T.ArrayType) and isinstance(staged_type, T.ArrayType) and _has_struct(table_type):
+        element_type, staged_element, element_path = table_type.elementType, staged_type.elementType, f"{path}.element"
+        return F.transform(
+            column, lambda element: _as_table_type(element, staged_element, element_type, element_path, staged_names)
+        )
+    if isinstance(table_type, T.MapType) and isinstance(staged_type, T.MapType) and _has_struct(table_type):
+        value_type, staged_value, value_path = table_type.valueType, staged_type.valueType, f"{path}.value"
+        values = F.transform_values(
+            column, lambda _, value: _as_table_type(value, staged_value, value_type, value_path, staged_names)
+        )
+        return values.cast(table_type)  # the keys
     return column.cast(table_type)
+
+
+def _has_struct(data_type: T.DataType) -> bool:
+    """Whether a struct is in ``data_type`` (a list's or map's without one is cast whole)."""
+    if isinstance(data_type, T.ArrayType):
+        return _has_struct(data_type.elementType)
+    if isinstance(data_type, T.MapType):
+        return _has_struct(data_type.valueType)
+    return isinstance(data_type, T.StructType)
 
 
 def rejected_events(staged: DataFrame) -> DataFrame:

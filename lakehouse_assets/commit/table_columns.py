@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from pyiceberg.schema import Schema, index_by_name
 from pyiceberg.table import Table
-from pyiceberg.types import StructType
+from pyiceberg.types import IcebergType, ListType, MapType, StructType
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
@@ -176,7 +176,8 @@ def relax_required_columns(spark: SparkSession, table_identifier: str, schema: S
 
 def staged_names(table: Table, schema_id: int | None) -> dict[str, str | None]:
     """How a batch staged under the table's schema ``schema_id`` names the columns and struct
-    fields (at any depth of structs) whose names changed since, matched by field id: the name now
+    fields (at any depth of structs, lists' elements and maps' values) whose names changed since,
+    matched by field id: the name now
     (its dotted path) -> the name it was staged under (its own, within its struct), or None for a
     field added since under a name that another field, renamed since, had then (not that one's
     values). A field renamed back, or dropped, has no entry."""
@@ -196,10 +197,20 @@ def staged_names(table: Table, schema_id: int | None) -> dict[str, str | None]:
 
 
 def _struct_fields(struct: StructType, path: str = "", parent: int = 0) -> Iterator[tuple[str, int, int, str]]:
-    """Each field of ``struct`` and of the structs in it: its dotted path, id, parent's id (0 at
-    the top) and name."""
+    """Each field of ``struct`` and of the structs in it, in its fields, lists' elements and maps'
+    values: its dotted path (``items.element.qty``), id, parent's id (0 at the top; the element's
+    or value's id inside a list or map) and name."""
     for field in struct.fields:
         field_path = f"{path}{field.name}"
         yield field_path, field.field_id, parent, field.name
-        if isinstance(field.field_type, StructType):
-            yield from _struct_fields(field.field_type, f"{field_path}.", field.field_id)
+        yield from _fields_below(field.field_type, f"{field_path}.", field.field_id)
+
+
+def _fields_below(kind: IcebergType, path: str, field_id: int) -> Iterator[tuple[str, int, int, str]]:
+    """What :func:`_struct_fields` finds below a field of type ``kind`` (id ``field_id``)."""
+    if isinstance(kind, StructType):
+        yield from _struct_fields(kind, path, field_id)
+    elif isinstance(kind, ListType):
+        yield from _fields_below(kind.element_type, f"{path}element.", kind.element_id)
+    elif isinstance(kind, MapType):
+        yield from _fields_below(kind.value_type, f"{path}value.", kind.value_id)
