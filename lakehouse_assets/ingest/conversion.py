@@ -434,36 +434,50 @@ def _losses_below(raw: Column, converted: Column, data_type: T.DataType, path: s
             found += _losses_below(member_raw, member, field.dataType, field_path)
         return found
     if isinstance(data_type, T.ArrayType):
-        return _losses_in(F.from_json(raw, _TEXT_ELEMENTS), converted, data_type.elementType, f"{path}.element")
+        # Each element's text beside its converted value (the list's order is kept).
+        elements = F.zip_with(F.from_json(raw, _TEXT_ELEMENTS), converted, _text_and_value)
+        return _losses_in(elements, converted, data_type.elementType, f"{path}.element")
     if isinstance(data_type, T.MapType):
         entries = F.from_json(raw, _TEXT_FIELDS)  # type: ignore[arg-type]  # a map schema; the stubs omit it
         found = []
         if _may_lose(data_type.keyType):
-            found.append((f"{path}.key", converted.isNotNull() & _any_lost(F.map_keys(entries), data_type.keyType)))
-        kept = F.map_filter(entries, lambda key, _: coerce_text(key, data_type.keyType).isNotNull())
-        return found + _losses_in(F.map_values(kept), converted, data_type.valueType, f"{path}.value")
+            lost_key = F.exists(F.map_keys(entries), lambda key: coerce_text(key, data_type.keyType).isNull())
+            found.append((f"{path}.key", converted.isNotNull() & lost_key))
+        # Each kept entry's value text beside the converted value under its converted key.
+        kept = F.map_entries(F.map_filter(entries, lambda key, _: coerce_text(key, data_type.keyType).isNotNull()))
+        values = F.transform(
+            kept,
+            lambda entry: _text_and_value(
+                entry.getField("value"), F.element_at(converted, coerce_text(entry.getField("key"), data_type.keyType))
+            ),
+        )
+        return found + _losses_in(values, converted, data_type.valueType, f"{path}.value")
     return []
 
 
-def _losses_in(texts: Column, converted: Column, data_type: T.DataType, path: str) -> list[tuple[str, Column]]:
-    """The places at and below a list's elements or a map's values (their JSON ``texts``) of
-    ``data_type`` named ``path``, each with the condition that one of them lost a value there."""
-    found = [(path, converted.isNotNull() & _any_lost(texts, data_type))] if _may_lose(data_type) else []
+def _text_and_value(text: Column, value: Column) -> Column:
+    return F.struct(text.alias("text"), value.alias("value"))
+
+
+def _losses_in(pairs: Column, converted: Column, data_type: T.DataType, path: str) -> list[tuple[str, Column]]:
+    """The places at and below a list's elements or a map's values of ``data_type`` named
+    ``path`` (``pairs``: each one's JSON text and converted value), each with the condition that
+    one of them lost a value there. The converted values are compared, not coerced again."""
+    found = [(path, converted.isNotNull() & F.exists(pairs, _lost))] if _may_lose(data_type) else []
     # Each place below is one test over all of them, in the order of :func:`_paths_below`.
     for index, below in enumerate(f"{path}.{name}" for name in _paths_below(data_type)):
-        found.append((below, converted.isNotNull() & F.exists(texts, _loss_at(index, data_type, path))))
+        found.append((below, converted.isNotNull() & F.exists(pairs, _loss_at(index, data_type, path))))
     return found
 
 
+def _lost(pair: Column) -> Column:
+    return pair.getField("text").isNotNull() & pair.getField("value").isNull()
+
+
 def _loss_at(index: int, data_type: T.DataType, path: str) -> Callable[[Column], Column]:
-    """The condition of the ``index``-th place below one element's or value's JSON text (a
-    one-argument function, as Spark's ``exists`` takes)."""
-    return lambda text: _losses_below(text, coerce_text(text, data_type), data_type, path)[index][1]
-
-
-def _any_lost(texts: Column, data_type: T.DataType) -> Column:
-    """Whether any of ``texts`` has a value that does not coerce to ``data_type`` as a whole."""
-    return F.exists(texts, lambda text: text.isNotNull() & coerce_text(text, data_type).isNull())
+    """The condition of the ``index``-th place below one element's or value's text and converted
+    value (a one-argument function, as Spark's ``exists`` takes)."""
+    return lambda pair: _losses_below(pair.getField("text"), pair.getField("value"), data_type, path)[index][1]
 
 
 def _parsed_typed(field: T.StructField) -> bool:
