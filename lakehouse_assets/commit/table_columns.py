@@ -177,10 +177,9 @@ def relax_required_columns(spark: SparkSession, table_identifier: str, schema: S
 def staged_names(table: Table, schema_id: int | None) -> dict[str, str | None]:
     """How a batch staged under the table's schema ``schema_id`` names the columns and struct
     fields (at any depth of structs, lists' elements and maps' values) whose names changed since,
-    matched by field id: the name now
-    (its dotted path) -> the name it was staged under (its own, within its struct), or None for a
-    field added since under a name that another field, renamed since, had then (not that one's
-    values). A field renamed back, or dropped, has no entry."""
+    matched by field id: the name now (its dotted path) -> the name it was staged under (its own,
+    within its struct), or None for a field added since under a name that another field, renamed
+    since, had then (not that one's values). A field renamed back, or dropped, has no entry."""
     before = next((schema for schema in table.metadata.schemas if schema.schema_id == schema_id), None)
     if before is None or schema_id == table.schema().schema_id:
         return {}
