@@ -32,14 +32,17 @@ from lakehouse_assets.ops.kafka_broker import LocalBroker, local_broker
 from lakehouse_assets.ops.s3_server import LocalS3Server, local_s3_server
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets_tests.class_data_archive import ARCHIVE_OPTION, build_archive
-from lakehouse_assets_tests.own_jvm import TEST_JVM_CLASS_PATH_ENV, TEST_JVM_OPTIONS, TEST_JVM_OPTIONS_ENV
-from lakehouse_assets_tests.postgres_server import PostgresServer, jdbc_driver_class_path, postgres_server
+from lakehouse_assets_tests.postgres_server import (
+    TEST_JVM_CLASS_PATH_ENV,
+    PostgresServer,
+    jdbc_driver_class_path,
+    postgres_server,
+)
 
-# Tests start many short-lived JVMs (a pipeline process each, often killed) for small jobs: with the
-# JIT's first tier only, and the serial collector, they start faster and leave the two cores to the
-# work instead of the optimizing compiler. Set for the whole session, so every JVM a test starts, in
-# this process or in a child, runs with them; a developer's own setting wins. A test process's own
-# JVM, warm for the whole session, gets the optimizing compiler back (``own_jvm``).
+# Tests start hundreds of short-lived JVMs (a pipeline process each) for small jobs: with the JIT's
+# first tier only, and the serial collector, they start faster and leave the two cores to the work
+# instead of the optimizing compiler. Set for the whole session, so every JVM a test starts, in
+# this process or in a child, runs with them; a developer's own setting wins.
 JAVA_OPTIONS_ENV = "JAVA_TOOL_OPTIONS"
 SPARK_SCRATCH_ENV = "SPARK_LOCAL_DIRS"
 SUITE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -50,7 +53,6 @@ os.environ.setdefault(JAVA_OPTIONS_ENV, SUITE_JAVA_OPTIONS)
 # driver comes from the config's ``spark.jars``, as a user's does.
 if (jdbc_driver := jdbc_driver_class_path()) is not None:
     os.environ.setdefault(TEST_JVM_CLASS_PATH_ENV, jdbc_driver)
-os.environ.setdefault(TEST_JVM_OPTIONS_ENV, TEST_JVM_OPTIONS)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -24,6 +24,9 @@ import psycopg2
 SERVER_USER = "postgres"
 DEBIAN_BINARIES = "/usr/lib/postgresql/*/bin"
 JDBC_DRIVER_JARS = ("/usr/share/java/postgresql.jar",)
+# Jars Spark's launcher appends to a JVM's class path: the tests give their own processes' JVMs the
+# JDBC driver with it (``conftest.py``).
+TEST_JVM_CLASS_PATH_ENV = "SPARK_DIST_CLASSPATH"
 
 
 @dataclass(frozen=True)

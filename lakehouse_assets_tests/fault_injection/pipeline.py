@@ -29,7 +29,7 @@ from lakehouse_assets.engine.spark import jvm_session
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import HOME_ENV, STORAGE_ROOT_ENV
 from lakehouse_assets_tests.fault_injection.forked_processes import ForkedProcess, run_forked, start_forked
-from lakehouse_assets_tests.own_jvm import started_process_env
+from lakehouse_assets_tests.postgres_server import TEST_JVM_CLASS_PATH_ENV
 
 ORDERS = {
     "name": "orders",
@@ -179,10 +179,11 @@ def run_lakehouse_in_this_process(arguments: list[str], extra_env: dict[str, str
 
 
 def process_env(extra_env: dict[str, str] | None) -> dict[str, str]:
-    """The environment of a ``lakehouse`` process a test starts: the test's, without what only this
-    test process's own JVM was given (``own_jvm``: a process with a JVM of its own has only what its
+    """The environment of a ``lakehouse`` process a test starts: the test's, without the JDBC
+    driver this test process's JVM was given (a process with a JVM of its own has only what its
     config gives it), plus ``extra_env``."""
-    return started_process_env(os.environ) | (extra_env or {})
+    env = {name: value for name, value in os.environ.items() if name != TEST_JVM_CLASS_PATH_ENV}
+    return env | (extra_env or {})
 
 
 def kill_at_then_restart(point: str, cold: bool = False) -> None:
