@@ -246,6 +246,13 @@ def lakehouse_paused_at(point: str, work: Path, arguments: tuple[str, ...] = RUN
     assert paused.process.wait(timeout=600) == 0, paused.log.read_text()[-3000:]
 
 
+def assert_publish_refused(paused_log: Path, other_host: subprocess.CompletedProcess) -> None:
+    """The paused host's log says the catalog refused its publish (another committer published
+    first); when it does not, both hosts' output, to tell a race the test lost from a missing fence."""
+    log = paused_log.read_text()
+    assert "another committer published" in log, f"host A:\n{log[-3000:]}\nhost B:\n{other_host.stdout[-3000:]}"
+
+
 def start_lakehouse_process(
     arguments: list[str], extra_env: dict[str, str], log: Path, cold: bool = False
 ) -> subprocess.Popen | ForkedProcess:

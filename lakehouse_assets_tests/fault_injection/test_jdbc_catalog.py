@@ -33,6 +33,7 @@ from lakehouse_assets_tests.fault_injection.invariants import (
 )
 from lakehouse_assets_tests.fault_injection.pipeline import (
     PIPELINE,
+    assert_publish_refused,
     lakehouse_paused_at,
     land_round,
     run_lakehouse,
@@ -209,7 +210,7 @@ def test_two_hosts_sharing_only_catalog_and_storage_commit_each_batch_once(point
         completed = run_pipeline(on_host_b)
         assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
 
-    assert "another committer published" in host_a_log.read_text()
+    assert_publish_refused(host_a_log, completed)
     # Host B's home kept only what is local to it (state, Dagster): its storage is host A's home.
     assert sorted(path.name for path in Path(on_host_b["LAKEHOUSE_HOME"]).iterdir()) == ["state"]
     assert run_pipeline().returncode == 0
@@ -235,7 +236,7 @@ def test_maintenance_on_another_host_between_a_commit_and_its_publish_keeps_each
         ]
         assert moved, "host B's maintenance committed nothing to main; the race did not happen"
 
-    assert "another committer published" in host_a_log.read_text()
+    assert_publish_refused(host_a_log, maintained)
     assert run_pipeline().returncode == 0
     assert_every_batch_once(lake)
 
