@@ -4,9 +4,10 @@ The embedded default needs none (the Iceberg runtime comes from PyPI). A Kafka s
 Spark's Kafka source (``spark-kafka``); a warehouse on S3 the AWS SDK for Iceberg's S3FileIO
 (``iceberg-aws``). The local servers of the demos and the tests need theirs: Kafka itself
 (``kafka-broker``), an S3-compatible store (``s3-server``) and Iceberg's REST catalog server
-(``rest-catalog``). Each set is a pom shipped in this package; Maven copies its
-jars into ``$LAKEHOUSE_JARS_DIR/<set>`` (default ``~/.cache/lakehouse_assets/jars``), and a marker
-file written last says the set is whole, so a fetch that died is fetched again.
+(``rest-catalog``); the object-store benchmark Hadoop's S3A file system (``hadoop-aws``). Each set
+is a pom shipped in this package; Maven copies its jars into ``$LAKEHOUSE_JARS_DIR/<set>`` (default
+``~/.cache/lakehouse_assets/jars``), and a marker file written last says the set is whole, so a
+fetch that died is fetched again.
 
 Spark's own ``spark.jars.packages`` resolves through Ivy on every JVM start; with a Maven cache
 beside it Ivy was seen to fail on ``bundle`` packaging here (snappy-java), so the project fetches
@@ -31,6 +32,7 @@ KAFKA_BROKER = "kafka-broker"
 ICEBERG_AWS = "iceberg-aws"
 S3_SERVER = "s3-server"
 REST_CATALOG_SERVER = "rest-catalog"
+HADOOP_AWS = "hadoop-aws"
 SPARK_KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.12:3.5.7"
 COMPLETE_MARKER = ".complete"
 # The AWS SDK (2.30 on) sends a checksum trailer with every upload and checks one on downloads by
