@@ -5,11 +5,12 @@ finds, so a committer that planned from snapshot P would append a batch that ano
 after P. On one host the table's OS lock rules that out; across hosts only the catalog's
 compare-and-swap is shared. So on a catalog other than ``hadoop`` (JDBC, REST, Hive, Glue: each
 swaps the metadata pointer atomically) a committer pass writes to a *pass branch* created at the
-head it planned from, and publishes it with Iceberg's ``fast_forward``, which validates that the
-target's head is still an ancestor of the pass branch and swaps against the metadata it validated
-(Iceberg's own retry is off on managed tables). Of two hosts that committed the same batch, the
-first to publish wins; the other publishes nothing, and its batches stay staged for its next pass,
-which finds them committed. All of this is metadata: no data file is rewritten.
+head it planned from, and publishes it with Iceberg's fast-forward (removing the pass branch in the
+same commit), which validates that the target's head is still an ancestor of the pass branch and
+swaps against the metadata it validated (Iceberg's own retry is off on managed tables). Of two
+hosts that committed the same batch, the first to publish wins; the other publishes nothing, and
+its batches stay staged for its next pass, which finds them committed. All of this is metadata:
+no data file is rewritten.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from pyspark.sql import SparkSession
 
 from lakehouse_assets import faults
 from lakehouse_assets.catalog.table_metadata import is_hadoop_catalog, qualified_name
-from lakehouse_assets.commit.branches import fast_forward
 from lakehouse_assets.commit.summary_keys import CommitStamp
 from lakehouse_assets.config.spec import LakehouseConfig
 from lakehouse_assets.errors import FencedError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.jvm.spark_jvm import is_commit_conflict
+from lakehouse_assets.jvm.spark_jvm import jvm as spark_jvm
 
 PASS_BRANCH_PREFIX = "lakehouse_pass_"
 SWAP_ATTEMPTS = 5
@@ -68,10 +69,20 @@ def open_pass_branch(spark: SparkSession, identifier: str, name: str, head: int 
 
 
 def publish_pass_branch(spark: SparkSession, identifier: str, name: str, target: str) -> None:
-    """Fast-forward ``target`` to the pass branch; FencedError when another committer published to
-    ``target`` since the pass branch was created (then nothing of this pass is published)."""
+    """Fast-forward ``target`` to the pass branch and remove the pass branch, in one catalog commit
+    (Iceberg's ``ManageSnapshots``, which the ``fast_forward`` procedure calls for the first half:
+    one change instead of two, each a round trip and a metadata file on a REST catalog and an object
+    store). FencedError when another committer published to ``target`` since the pass branch was
+    created; then nothing of this pass is published and the pass branch stays for the caller to drop."""
+
+    def publish() -> None:
+        table = spark_jvm(spark).org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+            spark._jsparkSession, qualified_name(identifier)
+        )
+        table.manageSnapshots().fastForwardBranch(target, name).removeBranch(name).commit()
+
     try:
-        _swapped(lambda: fast_forward(spark, identifier, target, name))
+        _swapped(publish)
     except Exception as error:  # noqa: BLE001 - py4j wraps Iceberg's validation error
         if "not an ancestor" in str(error):
             raise FencedError(
@@ -79,6 +90,7 @@ def publish_pass_branch(spark: SparkSession, identifier: str, name: str, target:
                 "batches on its own branch; nothing of this pass was published"
             ) from error
         raise
+    spark.catalog.refreshTable(qualified_name(identifier))
 
 
 def drop_pass_branch(spark: SparkSession, identifier: str, name: str) -> None:
@@ -91,19 +103,23 @@ def written_on_pass_branch(
     spark: SparkSession, config: LakehouseConfig, identifier: str, head: int | None, target: str, stamp: CommitStamp
 ) -> Iterator[str]:
     """The branch to write the block's commits to: ``target`` itself, or, on a catalog that fences
-    across hosts, a pass branch created at ``head``, published to ``target`` when the block
-    succeeds (FencedError when another committer published first) and dropped either way."""
+    across hosts, a pass branch created at ``head``, published to ``target`` and removed in one
+    commit when the block succeeds (FencedError when another committer published first), dropped
+    otherwise."""
     if not uses_pass_branches(config):
         yield target
         return
     name = pass_branch_name(stamp.epoch, stamp.run_id)
     open_pass_branch(spark, identifier, name, head)
+    published = False
     try:
         yield name
         crash_point(faults.COMMITTER_BEFORE_PUBLISH)
         publish_pass_branch(spark, identifier, name, target)
+        published = True
     finally:
-        drop_pass_branch(spark, identifier, name)
+        if not published:
+            drop_pass_branch(spark, identifier, name)
 
 
 def abandoned_pass_branches(table: Table | None, now: float | None = None) -> list[str]:

@@ -135,6 +135,10 @@ def test_both_pipelines_commit_exactly_once_and_pass_their_checks(lake, postgres
     rows = _catalog_rows(postgres)
     assert set(TABLES) | {"sales.orders_dead_letters", "crm.customers_dead_letters"} <= set(rows)
     assert not list(lake.paths.warehouse.rglob("version-hint.text"))
+    # Each pass published its own branch and removed it in the same commit: none is left.
+    for identifier in rows:
+        refs = set(lake.table(identifier).metadata.refs)
+        assert refs == {"main"}, f"{identifier}: {refs}"
     checked = run_lakehouse(["check"])
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
     # The catalog password came from the environment and went nowhere else.
