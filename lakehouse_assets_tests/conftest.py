@@ -39,10 +39,11 @@ from lakehouse_assets_tests.postgres_server import (
     postgres_server,
 )
 
-# Tests start hundreds of short-lived JVMs (a pipeline process each) for small jobs: with the JIT's
-# first tier only, and the serial collector, they start faster and leave the two cores to the work
-# instead of the optimizing compiler. Set for the whole session, so every JVM a test starts, in
-# this process or in a child, runs with them; a developer's own setting wins.
+# Tests start many short-lived JVMs (cold pipeline processes, often killed; Spark hosts; servers)
+# for small jobs: with the JIT's first tier only, and the serial collector, they start faster and
+# leave the two cores to the work instead of the optimizing compiler. Set for the whole session, so
+# every JVM a test starts, in this process or in a child, runs with them; a developer's own setting
+# wins.
 JAVA_OPTIONS_ENV = "JAVA_TOOL_OPTIONS"
 SPARK_SCRATCH_ENV = "SPARK_LOCAL_DIRS"
 SUITE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
