@@ -21,7 +21,7 @@ from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.engine.spark import MASTER_ENV
-from lakehouse_assets.engine.spark_host import SparkHostError, call_on_host, host_pid
+from lakehouse_assets.engine.spark_host import RemoteCallError, SparkHostError, call_on_host, host_pid
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.staging import stage_batch
@@ -111,6 +111,17 @@ def test_writer_runs_stage_and_commit_on_one_warm_host(lake, instance, stops_hos
 def test_an_error_on_the_host_reaches_the_caller_as_itself(lake, stops_hosts):
     with pytest.raises(LakehouseError, match="batch 7 was never minted"):
         call_on_host(lake, stage_batch, lake.stream("orders"), 7)
+
+
+def test_an_engine_error_that_cannot_travel_as_itself_reaches_the_caller_as_text(lake, stops_hosts):
+    """Spark's errors hold JVM references and do not pickle: the caller gets their type, message and
+    the host's traceback, not an error about unpickling."""
+    with pytest.raises(RemoteCallError, match=r"(?s)AnalysisException on the Spark host: .*no_such_table"):
+        call_on_host(lake, _query_missing_table)
+
+
+def _query_missing_table(spark, _lake) -> None:
+    spark.sql("SELECT * FROM no_such_table").collect()
 
 
 def _armed_host(lake, point: str) -> int:

@@ -72,6 +72,12 @@ class HostExitedError(SparkHostError):
     """The Spark host this process started exited before it answered."""
 
 
+class RemoteCallError(LakehouseError):
+    """An engine call failed on the Spark host with an error that cannot travel as itself (a
+    py4j error holds JVM references): its type, message and traceback. Defined here, not in the
+    host's module, which runs as ``__main__``: the caller unpickles it by this module's name."""
+
+
 @cache
 def code_stamp() -> str:
     """What identifies the package's code as this process first saw it: its files' names, sizes

@@ -20,8 +20,14 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from lakehouse_assets.engine.spark_host import CODE_CHANGED_EXIT, JVM_GONE_EXIT, POLL_SECONDS, authkey, code_stamp
-from lakehouse_assets.errors import LakehouseError
+from lakehouse_assets.engine.spark_host import (
+    CODE_CHANGED_EXIT,
+    JVM_GONE_EXIT,
+    POLL_SECONDS,
+    RemoteCallError,
+    authkey,
+    code_stamp,
+)
 from lakehouse_assets.lakehouse import Lakehouse
 
 STOP_TIMEOUT_SECONDS = 120.0
@@ -30,10 +36,6 @@ CALLER_POLL_SECONDS = 0.5
 """How often a call in progress looks whether its caller is still there."""
 JVM_EXIT_WAIT_SECONDS = 2.0
 """How long a call whose JVM connection broke waits to see the JVM exit (its socket closes first)."""
-
-
-class RemoteCallError(LakehouseError):
-    """An engine call failed on the Spark host with an error that cannot travel as itself."""
 
 
 class _Host:
