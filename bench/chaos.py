@@ -16,7 +16,11 @@ seeded random intervals of ``--min-gap``-``--max-gap`` seconds, it SIGKILLs one 
 runtime (or, for ``--sigterm-share`` of them, sends SIGTERM as a supervisor stopping it would): the
 Spark host, the host's JVM, a run worker, or (at least once, ``--orchestrator-kills``) the whole
 ``dagster dev`` process group, which it then starts again as an operator's supervisor would, and
-(``--broker-kills``) the Kafka broker, started again after ``--broker-down`` seconds. With
+(``--broker-kills``) the Kafka broker, started again after ``--server-down`` seconds. With
+``--object-store`` the whole warehouse is on a local S3-compatible store (S3Proxy) and the tables
+in Iceberg's REST catalog server (``ops/s3_server.py``, ``ops/rest_catalog_server.py``), as
+``docs/deploy.md`` configures them; the store (``--store-kills``) and the catalog
+(``--catalog-kills``) are then SIGKILLed too, and started again after ``--server-down`` seconds. With
 ``--disk-fulls`` the lakehouse home is a tmpfs of ``--disk-bytes`` the benchmark mounts (root only;
 the Dagster instance stays on the regular disk, as production keeps it in PostgreSQL), filled to its
 last byte for ``--disk-full-seconds`` that many times; the producer lands each chunk again until the
@@ -55,14 +59,19 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dagster_dev_freshness as dev  # noqa: E402 - the dagster dev harness beside this script
 
+from lakehouse_assets.jvm.connectors import S3_COMPATIBLE_ENV  # noqa: E402
+from lakehouse_assets.ops.jvm_server import JvmServer  # noqa: E402
 from lakehouse_assets.ops.kafka_broker import LocalBroker  # noqa: E402
+from lakehouse_assets.ops.rest_catalog_server import LocalRestCatalog  # noqa: E402
+from lakehouse_assets.ops.s3_server import LocalS3Server  # noqa: E402
 
 APPEND_STREAM, APPEND_TABLE = "chaos_events", "chaos.events"
 CHANGE_STREAM, CHANGE_TABLE = "chaos_changes", "chaos.accounts"
 ROUTED_STREAM, REGIONS = "chaos_routed", ("eu", "us", "ap")
 KAFKA_STREAM, KAFKA_TABLE, KAFKA_TOPIC, KAFKA_PARTITIONS = "chaos_kafka", "chaos.kafka_events", "chaos-events", 4
 DEBEZIUM_STREAM, DEBEZIUM_TABLE, DEBEZIUM_TOPIC, DEBEZIUM_PARTITIONS = "chaos_cdc", "chaos.customers", "chaos-cdc", 2
-KINDS = ("spark-host", "spark-jvm", "run-worker", "dagster-dev", "kafka-broker", "disk-full")
+SERVER_KINDS = ("kafka-broker", "object-store", "rest-catalog")
+KINDS = ("spark-host", "spark-jvm", "run-worker", "dagster-dev", *SERVER_KINDS, "disk-full")
 FINAL_STATUSES = ("SUCCESS", "FAILURE", "CANCELED")
 VICTIM_WAIT_SECONDS = 5.0
 VICTIM_PATIENCE_SECONDS = 60.0
@@ -88,7 +97,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--kafka", action=argparse.BooleanOptionalAction, default=True, help="the two Kafka streams and broker kills"
     )
     parser.add_argument("--broker-kills", type=int, default=1, help="SIGKILLs of the Kafka broker")
-    parser.add_argument("--broker-down", type=float, default=5, help="seconds the killed broker stays down")
+    parser.add_argument(
+        "--object-store",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the warehouse on a local S3-compatible store, the tables in a REST catalog; both killed too",
+    )
+    parser.add_argument("--store-kills", type=int, default=1, help="SIGKILLs of the store (with --object-store)")
+    parser.add_argument("--catalog-kills", type=int, default=1, help="SIGKILLs of the catalog (with --object-store)")
+    parser.add_argument("--server-down", type=float, default=5, help="seconds a killed server stays down")
     parser.add_argument("--disk-fulls", type=int, default=0, help="times the home's disk is filled (root only)")
     parser.add_argument("--disk-full-seconds", type=float, default=30, help="how long each fill lasts")
     parser.add_argument("--disk-bytes", type=int, default=2 * 1024**3, help="the size of the home's tmpfs")
@@ -412,10 +429,11 @@ class Orchestrator:
 
 
 def chaos(
-    args: argparse.Namespace, orchestrator: Orchestrator, broker: LocalBroker | None, deadline: float
+    args: argparse.Namespace, orchestrator: Orchestrator, servers: dict[str, JvmServer], deadline: float
 ) -> list[dict[str, Any]]:
-    """Kill one process of the runtime (or the broker) at moments ``--min-gap``-``--max-gap`` s apart
-    until ``deadline``; a kill that waits for its victim moves the later ones back."""
+    """Kill one process of the runtime (or one of ``servers``: the broker, the store, the catalog) at
+    moments ``--min-gap``-``--max-gap`` s apart until ``deadline``; a kill that waits for its victim
+    moves the later ones back."""
     rng = random.Random(args.seed)
     kills: list[dict[str, Any]] = []
     moments, moment = [], time.monotonic()
@@ -430,9 +448,13 @@ def chaos(
     else:
         orchestrator_at = set(rng.sample(range(len(moments)), count))
     others = [index for index in range(len(moments)) if index not in orchestrator_at]
-    broker_at = set(rng.sample(others, min(args.broker_kills, len(others)))) if broker else set()
+    server_at: dict[int, str] = {}
+    wanted_kills = dict(zip(SERVER_KINDS, (args.broker_kills, args.store_kills, args.catalog_kills), strict=True))
+    for kind in servers:
+        free = [index for index in others if index not in server_at]
+        server_at |= dict.fromkeys(rng.sample(free, min(wanted_kills[kind], len(free))), kind)
     # A disk filled in the first half of the schedule, so producers meet it too, not only the drain.
-    rest = [index for index in others if index not in broker_at][: max(1, len(others) // 2)]
+    rest = [index for index in others if index not in server_at][: max(1, len(others) // 2)]
     disk_at = set(rng.sample(rest, min(args.disk_fulls, len(rest))))
     last_kill = time.monotonic()
     for index, moment in enumerate(moments):
@@ -445,13 +467,14 @@ def chaos(
             orchestrator.start()
             last_kill = time.monotonic()
             continue
-        if broker and index in broker_at:
-            assert broker.process is not None
-            kills.append({"at": time.time(), "kind": "kafka-broker", "pid": broker.process.pid, "signal": "SIGKILL"})
-            print(f"  kill {len(kills)}: the Kafka broker; starting it again in {args.broker_down:.0f} s")
-            broker.stop(kill=True)
-            time.sleep(args.broker_down)
-            broker.start()
+        if kind := server_at.get(index):
+            server = servers[kind]
+            assert server.process is not None
+            kills.append({"at": time.time(), "kind": kind, "pid": server.process.pid, "signal": "SIGKILL"})
+            print(f"  kill {len(kills)}: {server.name}; starting it again in {args.server_down:.0f} s")
+            server.stop(kill=True)
+            time.sleep(args.server_down)
+            server.start()
             last_kill = time.monotonic()
             continue
         if index in disk_at:
@@ -495,9 +518,10 @@ def table_state(oracle: Oracle, kafka: bool) -> dict[str, Any]:
     """Every table against its oracle, read by DuckDB at its current snapshot (the Kafka streams'
     with ``kafka``)."""
     from lakehouse_assets.lakehouse import Lakehouse
-    from lakehouse_assets.quality.duck import iceberg_connection, scan
+    from lakehouse_assets.quality.duck import iceberg_connection, read_storage_of, scan
 
     lake = Lakehouse.from_env()
+    read_storage_of(lake.config.catalog)
     duck = iceberg_connection()
 
     def rows(identifier: str, sql: str) -> list[tuple] | None:
@@ -562,15 +586,22 @@ def main(argv: list[str] | None = None) -> int:
     orchestrator = Orchestrator(args, work)
     oracle = Oracle()
     result: dict[str, Any] = {"seed": args.seed, "args": {k: str(v) for k, v in vars(args).items()}}
-    broker = start_broker(work) if args.kafka else None
-    config = pipeline_config(args.max_age, broker.bootstrap_servers if broker else None)
-    work.config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    servers: dict[str, JvmServer] = {}
     try:
+        broker = start_broker(work) if args.kafka else None
+        config = pipeline_config(args.max_age, broker.bootstrap_servers if broker else None)
+        if broker:
+            servers["kafka-broker"] = broker
+        if args.object_store:
+            store, catalog = start_object_store(work)
+            servers |= {"object-store": store, "rest-catalog": catalog}
+            config["catalog"] = catalog.catalog_properties()
+        work.config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         result["ready"] = orchestrator.start()
         producer = Producer(args, oracle, broker.bootstrap_servers if broker else None)
         started = time.monotonic()
         producer.start()
-        kills = chaos(args, orchestrator, broker, started + args.seconds)
+        kills = chaos(args, orchestrator, servers, started + args.seconds)
         producer.join()
         if producer.error is not None:
             raise producer.error
@@ -607,13 +638,16 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
     finally:
-        if broker:  # first: it runs under this benchmark's home, so it is no stray of dagster dev
-            broker.stop()
         if orchestrator.process is not None:
             # SIGTERM to the whole dagster dev first; what was still alive 30 s later was SIGKILLed.
-            # The Spark host (and its JVM) outlives dagster dev by design, until its idle timeout.
-            host = set(victims(work, "spark-host") + victims(work, "spark-jvm"))
-            result["left_after_sigterm"] = sorted(set(dev.stop_dagster(orchestrator.process, work)) - host)
+            # The Spark host (and its JVM) outlives dagster dev by design, until its idle timeout;
+            # the servers run under this benchmark's home but are no strays of dagster dev either,
+            # and stop after it, as a deployment's would stay up.
+            expected = set(victims(work, "spark-host") + victims(work, "spark-jvm"))
+            expected |= {server.process.pid for server in servers.values() if server.process is not None}
+            result["left_after_sigterm"] = sorted(set(dev.stop_dagster(orchestrator.process, work)) - expected)
+        for server in servers.values():
+            server.stop()
     ok = bool(result.get("drained")) and result["tables"]["ok"] and not result["runs"]["not_final"]
     result["ok"] = ok
     print_report(result)
@@ -639,6 +673,20 @@ def start_broker(work: dev.Workdir) -> LocalBroker:
     for future in admin.create_topics(topics).values():
         future.result()
     return broker
+
+
+def start_object_store(work: dev.Workdir) -> tuple[LocalS3Server, LocalRestCatalog]:
+    """A local S3-compatible store with the bucket ``lake`` and a REST catalog whose warehouse is on
+    it, in the work directory. The SDK settings a store other than AWS needs go into this process's
+    environment, so ``dagster dev`` and its processes have them too (``docs/deploy.md``)."""
+    os.environ.update(S3_COMPATIBLE_ENV)
+    work.env.update(S3_COMPATIBLE_ENV)
+    store = LocalS3Server.at(work.root / "s3")
+    store.start()
+    store.create_bucket("lake")
+    catalog = LocalRestCatalog.at(work.root / "rest-catalog", store, "s3://lake/warehouse")
+    catalog.start()
+    return store, catalog
 
 
 def make_workdir(args: argparse.Namespace) -> dev.Workdir:

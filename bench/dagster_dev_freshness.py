@@ -23,6 +23,7 @@ The machine this was written on has 2 cores; ``dagster.yaml`` allows 2 concurren
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -582,6 +583,10 @@ def stop_dagster(process: subprocess.Popen[bytes], work: Workdir) -> list[int]:
         while time.monotonic() < deadline and (process.poll() is None or process_group_alive(pgid)):
             time.sleep(0.2)
     killed = group_members(pgid)
+    for pid in killed:  # named before they go: which of dagster dev's processes ignored the SIGTERM
+        with contextlib.suppress(OSError):
+            command = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            print(f"WARNING: still alive 30 s after SIGTERM, killed: {pid} {command[:160]}")
     if killed:
         try:
             os.killpg(pgid, signal.SIGKILL)

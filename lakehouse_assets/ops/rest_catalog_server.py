@@ -19,7 +19,6 @@ from lakehouse_assets.jvm.connectors import REST_CATALOG_SERVER, S3_COMPATIBLE_E
 from lakehouse_assets.ops.jvm_server import JvmServer, free_port, running
 from lakehouse_assets.ops.s3_server import REGION, LocalS3Server
 
-
 def _environment_name(key: str) -> str:
     """The server's environment variable for catalog property ``key`` (it reads ``CATALOG_*``,
     ``__`` as ``-`` and ``_`` as ``.``): ``s3.path-style-access`` -> ``CATALOG_S3_PATH__STYLE__ACCESS``."""
@@ -49,6 +48,11 @@ class LocalRestCatalog(JvmServer):
             "rest.port": str(self.port),
             "catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
             "uri": f"jdbc:sqlite:{self.directory / 'catalog.db'}",
+            # One database connection, which the server's request threads take in turn: SQLite
+            # has one writer, and with the default two, one connection's open read transaction
+            # made the other's commit fail ("database is locked", a 500 and an unknown commit
+            # state) for as long as tables committed at once.
+            "clients": "1",
             "jdbc.schema-version": "V1",
             "warehouse": self.warehouse,
             **self.store.client_properties(),
