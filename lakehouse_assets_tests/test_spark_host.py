@@ -108,14 +108,11 @@ def test_writer_runs_stage_and_commit_on_one_warm_host(lake, instance, stops_hos
         assert record.status.value == "SUCCEEDED", check_name
 
 
-def test_an_error_on_the_host_reaches_the_caller_as_itself(lake, stops_hosts):
+def test_an_error_on_the_host_reaches_the_caller_as_itself_or_as_text(lake, stops_hosts):
+    """The package's errors pickle and arrive as themselves; Spark's hold JVM references and do
+    not: the caller gets their type, message and the host's traceback, not an unpickling error."""
     with pytest.raises(LakehouseError, match="batch 7 was never minted"):
         call_on_host(lake, stage_batch, lake.stream("orders"), 7)
-
-
-def test_an_engine_error_that_cannot_travel_as_itself_reaches_the_caller_as_text(lake, stops_hosts):
-    """Spark's errors hold JVM references and do not pickle: the caller gets their type, message and
-    the host's traceback, not an error about unpickling."""
     with pytest.raises(RemoteCallError, match=r"(?s)AnalysisException on the Spark host: .*no_such_table"):
         call_on_host(lake, _query_missing_table)
 
