@@ -19,6 +19,7 @@ from lakehouse_assets.jvm.connectors import REST_CATALOG_SERVER, S3_COMPATIBLE_E
 from lakehouse_assets.ops.jvm_server import JvmServer, free_port, running
 from lakehouse_assets.ops.s3_server import REGION, LocalS3Server
 
+
 def _environment_name(key: str) -> str:
     """The server's environment variable for catalog property ``key`` (it reads ``CATALOG_*``,
     ``__`` as ``-`` and ``_`` as ``.``): ``s3.path-style-access`` -> ``CATALOG_S3_PATH__STYLE__ACCESS``."""
