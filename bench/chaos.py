@@ -353,13 +353,6 @@ class Producer(threading.Thread):
         return lines
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _parent(pid: int) -> int:
     try:
         return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -370,11 +363,11 @@ def _parent(pid: int) -> int:
 def victims(work: dev.Workdir, kind: str) -> list[int]:
     """Live processes of the runtime of one kind (found by their home in the environment)."""
     mine = dev.processes_with_home(work.home)
-    hosts = [pid for pid in mine if "lakehouse_assets.engine.spark_host" in _cmdline(pid)]
+    hosts = [pid for pid in mine if "lakehouse_assets.engine.spark_host" in dev.process_command(pid)]
     if kind == "spark-host":
         return hosts
     if kind == "spark-jvm":
-        return [pid for pid in mine if "SparkSubmit" in _cmdline(pid) and _parent(pid) in hosts]
+        return [pid for pid in mine if "SparkSubmit" in dev.process_command(pid) and _parent(pid) in hosts]
     if kind == "run-worker":  # the process holding a run's liveness lock, which names its process id
         from lakehouse_assets.runtime.run_liveness import RunProcess, liveness_label, run_process
 

@@ -23,7 +23,6 @@ The machine this was written on has 2 cores; ``dagster.yaml`` allows 2 concurren
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -538,6 +537,14 @@ def process_group_alive(pgid: int) -> bool:
     return True
 
 
+def process_command(pid: int) -> str:
+    """The command line of process ``pid``, or "" when it is gone."""
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def group_members(pgid: int) -> list[int]:
     """Live processes of process group ``pgid`` (from /proc)."""
     members = []
@@ -584,9 +591,7 @@ def stop_dagster(process: subprocess.Popen[bytes], work: Workdir) -> list[int]:
             time.sleep(0.2)
     killed = group_members(pgid)
     for pid in killed:  # named before they go: which of dagster dev's processes ignored the SIGTERM
-        with contextlib.suppress(OSError):
-            command = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            print(f"WARNING: still alive 30 s after SIGTERM, killed: {pid} {command[:160]}")
+        print(f"WARNING: still alive 30 s after SIGTERM, killed: {pid} {process_command(pid)[:160]}")
     if killed:
         try:
             os.killpg(pgid, signal.SIGKILL)
