@@ -1,14 +1,20 @@
 """One catalog configuration mapped to Spark's and PyIceberg's clients, secrets from the environment."""
 
 import os
+import socket
+import threading
+import time
 
 import pytest
+import requests
 
 from lakehouse_assets.catalog.catalogs import (
+    REST_CLIENT,
     pyiceberg_catalog_properties,
     spark_catalog_properties,
     without_credentials,
 )
+from lakehouse_assets.catalog.table_metadata import catalog_client
 from lakehouse_assets.config.spec import parse_config
 from lakehouse_assets.engine.spark import MASTER_ENV, catalog_conf, static_spark_conf
 from lakehouse_assets.errors import ConfigError
@@ -72,9 +78,43 @@ def test_a_missing_secret_names_the_key_and_the_variable(monkeypatch):
 def test_rest_hive_glue_and_catalog_impl_pass_through(catalog, kind):
     properties = pyiceberg_catalog_properties(catalog)
 
-    assert properties["type"] == kind
+    if kind == "rest":  # PyIceberg's REST client with timeouts, named by class (then no type)
+        assert properties.pop("py-catalog-impl") == REST_CLIENT
+        assert "type" not in properties
+    else:
+        assert properties.pop("type") == kind
     assert "catalog-impl" not in properties
-    assert {key: value for key, value in properties.items() if key != "type"}.items() <= catalog.items()
+    assert properties.items() <= catalog.items()
+
+
+def test_a_rest_catalog_that_never_answers_times_out_instead_of_holding_the_caller():
+    """A server that accepts the connection and reads the request but never answers (a hung
+    catalog): PyIceberg's own client would wait for ever; the project's gives up after the
+    configured socket timeout, the same setting Spark's REST client reads."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.extend(iter(lambda: listener.accept()[0], None)), daemon=True).start()
+    hung_catalog = {"type": "rest", "uri": f"http://127.0.0.1:{port}", "rest.client.socket-timeout-ms": "500"}
+    outcome: list[BaseException | None] = []
+
+    def ask() -> None:
+        try:
+            catalog_client(hung_catalog, None)
+            outcome.append(None)
+        except BaseException as error:  # noqa: BLE001 - the test inspects it below
+            outcome.append(error)
+
+    started = time.monotonic()
+    caller = threading.Thread(target=ask, daemon=True)
+    caller.start()
+    caller.join(timeout=30)
+    listener.close()
+
+    assert not caller.is_alive(), "the client still waits for the hung catalog after 30 s"
+    assert isinstance(outcome[0], requests.exceptions.Timeout), outcome
+    assert time.monotonic() - started < 10
+    assert held, "the server never saw the connection"
 
 
 def test_a_catalog_pyiceberg_cannot_read_is_refused_by_name_when_the_config_loads():

@@ -51,6 +51,10 @@ WAREHOUSE_TYPES = {HADOOP, "jdbc"}
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 REST_SOCKET_TIMEOUT = "rest.client.socket-timeout-ms"
 REST_SOCKET_TIMEOUT_MS = 120_000
+REST_CONNECTION_TIMEOUT = "rest.client.connection-timeout-ms"
+REST_CONNECTION_TIMEOUT_MS = 180_000
+"""Iceberg's Java client's own default; PyIceberg's client gets the same (``rest_client``)."""
+REST_CLIENT = "lakehouse_assets.catalog.rest_client.TimedRestCatalog"
 S3_SCHEMES = ("s3://", "s3a://")
 
 
@@ -112,6 +116,9 @@ def _as_pyiceberg(kind: str, properties: dict[str, str]) -> dict[str, str]:
         return _sql_catalog_properties(properties)
     if kind in _PASSED_THROUGH_TYPES:
         properties.pop("catalog-impl", None)
+        if kind == "rest":  # PyIceberg's client with timeouts (a class named here has no ``type``)
+            properties.pop("type", None)
+            return {"py-catalog-impl": REST_CLIENT, **properties}
         return {**properties, "type": kind}
     if "py-catalog-impl" in properties:
         return properties
