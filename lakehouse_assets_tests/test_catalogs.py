@@ -1,5 +1,6 @@
 """One catalog configuration mapped to Spark's and PyIceberg's clients, secrets from the environment."""
 
+import contextlib
 import os
 import socket
 import threading
@@ -88,13 +89,19 @@ def test_rest_hive_glue_and_catalog_impl_pass_through(catalog, kind):
 
 
 def test_a_rest_catalog_that_never_answers_times_out_instead_of_holding_the_caller():
-    """A server that accepts the connection and reads the request but never answers (a hung
-    catalog): PyIceberg's own client would wait for ever; the project's gives up after the
-    configured socket timeout, the same setting Spark's REST client reads."""
+    """A server that accepts the connection but never answers (a hung catalog): PyIceberg's own
+    client would wait for ever; the project's gives up after the configured socket timeout, the
+    same setting Spark's REST client reads."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     held: list[socket.socket] = []
-    threading.Thread(target=lambda: held.extend(iter(lambda: listener.accept()[0], None)), daemon=True).start()
+
+    def hold_connections() -> None:
+        with contextlib.suppress(OSError):  # the listener closed at the end of the test
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=hold_connections, daemon=True).start()
     hung_catalog = {"type": "rest", "uri": f"http://127.0.0.1:{port}", "rest.client.socket-timeout-ms": "500"}
     outcome: list[BaseException | None] = []
 
@@ -110,6 +117,8 @@ def test_a_rest_catalog_that_never_answers_times_out_instead_of_holding_the_call
     caller.start()
     caller.join(timeout=30)
     listener.close()
+    for connection in held:
+        connection.close()
 
     assert not caller.is_alive(), "the client still waits for the hung catalog after 30 s"
     assert isinstance(outcome[0], requests.exceptions.Timeout), outcome
