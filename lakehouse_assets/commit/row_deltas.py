@@ -17,7 +17,6 @@ what the batch inserts, updates and deletes come from the same lookup, not from 
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import uuid
@@ -28,6 +27,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 from py4j.java_gateway import JavaObject
+from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 
@@ -62,19 +62,14 @@ DELETE_FILE_SCHEMA = pa.schema(
         pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": b"2147483545"}),
     ]
 )
-LOCAL_SCHEME = "file:"
 
 
 def uses_row_deltas(table: Table) -> bool:
     """Whether a change batch commits to ``table`` as a row delta: a format-2 table whose merges are
-    merge-on-read (its readers expect position deletes) with its files on a mounted path. Other
-    tables keep ``MERGE INTO`` (format 3 writes deletion vectors there; copy-on-write rewrites files)."""
-    data_location = table.properties.get("write.data.path", table.location())
-    return (
-        table.metadata.format_version == 2
-        and table.properties.get("write.merge.mode") == "merge-on-read"
-        and local_path(data_location) is not None
-    )
+    merge-on-read (its readers expect position deletes), on a mounted path or an object store
+    alike (its files are written and read through the table's FileIO). Other tables keep ``MERGE
+    INTO`` (format 3 writes deletion vectors there; copy-on-write rewrites files)."""
+    return table.metadata.format_version == 2 and table.properties.get("write.merge.mode") == "merge-on-read"
 
 
 def refresh_key_index(spark: SparkSession, lake: Lakehouse, stream: StreamSpec, branch: str) -> bool:
@@ -90,13 +85,6 @@ def refresh_key_index(spark: SparkSession, lake: Lakehouse, stream: StreamSpec, 
         return False
     index.rebuild(spark, table, head)
     return True
-
-
-def local_path(location: str) -> str | None:
-    """The local path of a ``file:`` or plain location; None for another scheme."""
-    if location.startswith(LOCAL_SCHEME):
-        return "/" + location[len(LOCAL_SCHEME) :].lstrip("/")
-    return location if location.startswith("/") else None
 
 
 class StaleIndexError(LakehouseError):
@@ -255,7 +243,7 @@ class ChangeBatchDelta:
         committed = _java_head(jtable, branch)
         # The index moves to the commit's snapshot only when nothing landed between its base and it.
         if committed is not None and jtable.snapshot(committed).parentId() == head:
-            self._index_commit(committed, added)
+            self._index_commit(committed, added, table.io)
 
     # -- the parts of a commit -------------------------------------------------------------------
 
@@ -298,8 +286,9 @@ class ChangeBatchDelta:
 
     def _write_delete_files(self, jtable: JavaObject, head: int | None) -> tuple[list[JavaObject], list[str]]:
         """One position delete file per table partition for the rows the batch replaces, beside
-        the table's data files; the delete files and the data files they delete from.
-        StaleIndexError when the snapshot ``head`` lacks a data file the index names."""
+        the table's data files (on a mounted path or an object store); the delete files and the
+        data files they delete from. StaleIndexError when the snapshot ``head`` lacks a data file
+        the index names."""
         deleted = self.connection.execute(
             f"SELECT m.{FILE} AS file_path, m.{POSITION} AS pos FROM matched m JOIN matched_keys k USING ("
             + ", ".join(sql_name(k) for k in self.keys)
@@ -332,17 +321,23 @@ class ChangeBatchDelta:
                 "SELECT file_path, pos FROM deleted_positions WHERE file_path IN "
                 f"({', '.join(sql_string(loc) for loc in locations)}) ORDER BY file_path, pos"
             ).to_arrow_table()
-            path = local_path(location)
-            if path is None:
-                raise LakehouseError(f"table {self.identifier}: cannot write a delete file to {location}")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            pq.write_table(positions.cast(DELETE_FILE_SCHEMA), path)
+            written = pa.BufferOutputStream()
+            pq.write_table(positions.cast(DELETE_FILE_SCHEMA), written)
+            content = written.getvalue().to_pybytes()
+            # Through the table's own FileIO, Spark's: its retries and its single PUT for a small
+            # object on a store (PyArrow's S3 client uploads in parts, whose completion a
+            # throttled store may refuse). The name is new (a uuid), so nothing is overwritten.
+            stream = io.newOutputFile(location).createOrOverwrite()
+            try:
+                stream.write(content)
+            finally:
+                stream.close()
             builder = (
                 jvm.org.apache.iceberg.FileMetadata.deleteFileBuilder(spec)
                 .ofPositionDeletes()
                 .withPath(location)
                 .withFormat("parquet")
-                .withFileSizeInBytes(os.path.getsize(path))
+                .withFileSizeInBytes(len(content))
                 .withRecordCount(positions.num_rows)
                 .withPartition(sample.partition())
                 .withMetrics(
@@ -354,15 +349,15 @@ class ChangeBatchDelta:
             delete_files.append(builder.build())
         return delete_files, referenced
 
-    def _index_commit(self, snapshot_id: int, added: list[JavaObject]) -> None:
+    def _index_commit(self, snapshot_id: int, added: list[JavaObject], file_io: FileIO) -> None:
         """Bring the key index from the planned snapshot to ``snapshot_id``: the new rows' keys and
-        positions (their row numbers in their data files, read with PyArrow) in, the deleted
-        positions out."""
+        positions (their row numbers in their data files, read with PyArrow through ``file_io``)
+        in, the deleted positions out."""
         if self.base is None:
             return
         added_sql = None
         if added:
-            self.connection.register("added_entries", self._entries_of([f.location() for f in added]))
+            self.connection.register("added_entries", self._entries_of([f.location() for f in added], file_io))
             added_sql = "SELECT * FROM added_entries"
         removed_sql = f"SELECT file_path AS {FILE}, pos AS {POSITION} FROM deleted_positions"
         has_removed = self.connection.execute("SELECT count(*) FROM deleted_positions").fetchone()
@@ -374,12 +369,13 @@ class ChangeBatchDelta:
             removed_sql if has_removed and has_removed[0] else None,
         )
 
-    def _entries_of(self, locations: list[str]) -> pa.Table:
+    def _entries_of(self, locations: list[str], file_io: FileIO) -> pa.Table:
         """Index entries (keys, order value, file, position) of every row of the data files at ``locations``."""
         read = [*self.keys, *([self.order_column] if self.order_column else [])]
         parts = []
         for location in locations:
-            rows = pq.read_table(local_path(location) or location, columns=read)
+            with file_io.new_input(location).open() as data_file:
+                rows = pq.read_table(data_file, columns=read)
             count = rows.num_rows
             order = rows.column(self.order_column) if self.order_column else pa.nulls(count, pa.string())
             files = pa.array([location] * count, pa.string())

@@ -9,6 +9,7 @@ first round's tables registered again in the catalog, on the same store (objects
 unreferenced for the next one).
 """
 
+import json
 import os
 import shutil
 import time
@@ -22,6 +23,7 @@ from pyarrow import fs
 from pyiceberg.catalog import Catalog, load_catalog
 
 from lakehouse_assets import faults
+from lakehouse_assets.commit.key_index import MANIFEST
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.rest_catalog_server import LocalRestCatalog
 from lakehouse_assets.ops.s3_server import LocalS3Server
@@ -48,6 +50,7 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
 pytestmark = pytest.mark.spark
 
 TABLES = FAULT_PIPELINE_TABLES
+CUSTOMERS = "crm.customers"
 SECRET_ENV = "LAKEHOUSE_TEST_S3_SECRET"
 STORE_DOWN_SECONDS = 8
 
@@ -134,6 +137,12 @@ def test_the_pipeline_commits_to_the_object_store_exactly_once_and_keeps_its_sec
     assert_every_batch_once(lake)
     for identifier in TABLES:
         assert lake.metadata_location(identifier).startswith(f"s3://{OBJECT_STORE_BUCKET}/"), identifier
+    # The change table's batch committed as a row delta (its position deletes written to the
+    # store), not a MERGE: the key index describes the table's new head.
+    customers = lake.require_table(CUSTOMERS).current_snapshot()
+    assert int(customers.summary.additional_properties["added-position-deletes"]) > 0
+    index = json.loads((lake.paths.key_index(CUSTOMERS) / MANIFEST).read_text())
+    assert index["snapshot_id"] == customers.snapshot_id
     # Nothing of the tables is on the local disk, and the store's secret key is in no local file
     # (the homes: staged batches, state, Dagster's runs and their logs).
     assert not lake.paths.warehouse.exists()
