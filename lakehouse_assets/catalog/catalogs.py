@@ -17,12 +17,14 @@ stay out of the config file; errors show URIs :func:`without_credentials`.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from lakehouse_assets.config.env_references import resolve_env_references
 from lakehouse_assets.errors import ConfigError
+from lakehouse_assets.jvm.connectors import S3_COMPATIBLE_ENV
 
 HADOOP = "hadoop"
 
@@ -102,7 +104,19 @@ def pyiceberg_catalog_properties(catalog: Mapping[str, str]) -> dict[str, str]:
 
     Raises ConfigError for a catalog PyIceberg cannot read (the checks and recovery need it).
     """
+    if "s3.endpoint" in catalog:
+        _use_s3_compatible_checksums()
     return _as_pyiceberg(catalog_type(catalog), resolved(catalog))
+
+
+def _use_s3_compatible_checksums() -> None:
+    """Have this process's PyArrow S3 client (the AWS SDK for C++, which reads the tables' data
+    files for PyIceberg) send checksums only where a request needs them, as Spark's S3FileIO does
+    on a store other than AWS (``S3_COMPATIBLE_SDK_SETTINGS``): by default it asks for response
+    checksums that such stores refuse (S3Proxy answers a ranged read with 501). That SDK takes the
+    setting only from the environment, read as each client is made; an operator's own value stays."""
+    for name, value in S3_COMPATIBLE_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 def check_catalog(catalog: dict[str, str]) -> None:

@@ -17,6 +17,7 @@ what the batch inserts, updates and deletes come from the same lookup, not from 
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import uuid
@@ -62,6 +63,7 @@ DELETE_FILE_SCHEMA = pa.schema(
         pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": b"2147483545"}),
     ]
 )
+logger = logging.getLogger(__name__)
 
 
 def uses_row_deltas(table: Table) -> bool:
@@ -243,7 +245,17 @@ class ChangeBatchDelta:
         committed = _java_head(jtable, branch)
         # The index moves to the commit's snapshot only when nothing landed between its base and it.
         if committed is not None and jtable.snapshot(committed).parentId() == head:
-            self._index_commit(committed, added, table.io)
+            try:
+                self._index_commit(committed, added, table.io)
+            except Exception as error:  # noqa: BLE001 - the batch has landed; the index is only derived
+                # Not raised: the caller would find the batch in the ancestry and say nothing.
+                logger.warning(
+                    "table %s: the key index was not brought to snapshot %s (%s); the next change batch "
+                    "rebuilds it from the table",
+                    self.identifier,
+                    committed,
+                    error,
+                )
 
     # -- the parts of a commit -------------------------------------------------------------------
 
@@ -314,8 +326,13 @@ class ChangeBatchDelta:
         for locations in by_partition.values():
             sample = data_files[locations[0]]
             spec = jtable.specs().get(sample.specId())
-            location = jtable.locationProvider().newDataLocation(
-                spec, sample.partition(), f"{uuid.uuid4().hex}-deletes.parquet"
+            name, locations_of = f"{uuid.uuid4().hex}-deletes.parquet", jtable.locationProvider()
+            # An unpartitioned spec's partition path is empty: the partitioned form would put an
+            # empty segment ("data//name") in the key, which an S3 store refuses to sign for.
+            location = (
+                locations_of.newDataLocation(spec, sample.partition(), name)
+                if spec.isPartitioned()
+                else locations_of.newDataLocation(name)
             )
             positions = self.connection.execute(
                 "SELECT file_path, pos FROM deleted_positions WHERE file_path IN "
