@@ -183,7 +183,11 @@ def test_a_process_reads_data_files_from_an_s3_compatible_store_with_no_sdk_sett
     assert int(completed.stdout) > 0
 
 
-@pytest.mark.parametrize("point", [faults.DEAD_LETTERS_AFTER_WRITE, faults.COMMITTER_BEFORE_PUBLISH])
+# After the dead letters' write, before a pass branch's publish, and a change batch's row delta
+# with its delete files on the store but not committed (unreferenced objects, never read).
+@pytest.mark.parametrize(
+    "point", [faults.DEAD_LETTERS_AFTER_WRITE, faults.COMMITTER_BEFORE_PUBLISH, faults.ROW_DELTA_AFTER_DELETE_FILES]
+)
 def test_a_pipeline_killed_at_a_commit_point_recovers_exactly_once_on_the_object_store(point, lake):
     land_round(lake, 1)
 
