@@ -310,7 +310,7 @@ def _commit_group(committer: CommitterPass, stream: StreamSpec, batches: list[Ba
             counts = delta.plan(_existing(committer), committer.expected_snapshot_id)
             properties = _change_summary(committer, stream, batches, counts)
             late_events = _record_completeness(committer, stream, staged, properties)
-            write = partial(delta.commit, committer.branch, properties)
+            write = partial(delta.commit, committer, properties)
             return _publish(
                 committer, stream, batches, write, "row_delta", properties, counts, dead_letters, started, late_events
             )

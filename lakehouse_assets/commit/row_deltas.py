@@ -36,6 +36,7 @@ from lakehouse_assets import faults
 from lakehouse_assets.batches.staged_format import DELETE, OPERATION_COLUMN
 from lakehouse_assets.catalog.staged_snapshots import allow_staged_snapshots, staged_snapshot_id, write_staged
 from lakehouse_assets.catalog.table_metadata import qualified_name
+from lakehouse_assets.commit.fenced_pass import CommitterPass
 from lakehouse_assets.commit.key_index import (
     FILE,
     ORDER,
@@ -50,7 +51,7 @@ from lakehouse_assets.commit.recovery import MAIN_BRANCH, branch_head_id
 from lakehouse_assets.commit.table_writes import ChangeCounts
 from lakehouse_assets.commit.tables import identifier_columns
 from lakehouse_assets.config.spec import SOURCE_POSITION_COLUMN, SOURCE_POSITION_TYPE, StreamSpec
-from lakehouse_assets.errors import CommitConflictError, FencedError, LakehouseError
+from lakehouse_assets.errors import CommitConflictError, FencedError, LakehouseError, TableNotFoundError
 from lakehouse_assets.faults import crash_point
 from lakehouse_assets.jvm.spark_jvm import is_validation_failure
 from lakehouse_assets.jvm.spark_jvm import jvm as spark_jvm
@@ -200,12 +201,17 @@ class ChangeBatchDelta:
         if self.plan(table, head, rebuild) != planned:
             raise FencedError(f"table {self.identifier}: the rows of this change batch changed while it committed")
 
-    def commit(self, branch: str, properties: dict[str, str]) -> None:
-        """Write the batch's deletes and new rows and commit them to ``branch`` in one row delta
-        carrying ``properties``, then bring the key index to the new snapshot. Plans again when
-        the branch moved since the last plan (after a commit conflict); a commit Iceberg's checks
-        refuse (the table changed under it) raises CommitConflictError, which the committer retries."""
-        table = self.lake.require_table(self.identifier)
+    def commit(self, committer: CommitterPass, properties: dict[str, str]) -> None:
+        """Write the batch's deletes and new rows and commit them to the pass's branch in one row
+        delta carrying ``properties``, then bring the key index to the new snapshot. Plans again
+        when the branch moved since the last plan (after a commit conflict); a commit Iceberg's
+        checks refuse (the table changed under it) raises CommitConflictError, which the committer
+        retries. Called as the pass's write, right after its fence read the table: that read is
+        the one planned from (no load of its own, a round trip fewer on a REST catalog), and the
+        Java table's head, read below, catches a commit since."""
+        branch, table = committer.branch, committer.table()
+        if table is None:
+            raise TableNotFoundError(f"table {self.identifier} does not exist")
         head = branch_head_id(table, branch)
         if self.base is None or self.base.snapshot_id != head:
             self._replan(table, head)
