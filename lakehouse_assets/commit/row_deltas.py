@@ -11,8 +11,10 @@ carrying the ``lakehouse.*`` summary keys. Readers see position deletes, as afte
 ``MERGE``, and no equality deletes.
 
 The new rows are written by Spark into a staged snapshot (``staged_snapshots``), whose data files
-the row delta adds; their positions are then read back (DuckDB) into the key index. The counts of
-what the batch inserts, updates and deletes come from the same lookup, not from a second join.
+the row delta adds; their positions are then read back (PyArrow, through the table's FileIO) into
+the key index. The counts of what the batch inserts, updates and deletes come from the same
+lookup, not from a second join. Delete files are written through the table's own FileIO, so the
+table may live on a mounted path or an object store alike.
 """
 
 from __future__ import annotations
