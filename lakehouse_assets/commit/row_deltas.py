@@ -263,6 +263,7 @@ class ChangeBatchDelta:
                     self.identifier,
                     committed,
                     error,
+                    exc_info=True,
                 )
 
     # -- the parts of a commit -------------------------------------------------------------------
