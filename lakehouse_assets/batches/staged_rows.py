@@ -19,6 +19,7 @@ from lakehouse_assets.batches.staged_format import (
     REASON_COLUMN,
     SOURCE_FILE_COLUMN,
 )
+from lakehouse_assets.jvm.column_cache import cached_columns
 
 # The key under which Spark records the schema of the rows it wrote in each Parquet file's footer
 # (``ParquetWriteSupport.SPARK_ROW_SCHEMA``): Spark's own read restores its types from it.
@@ -50,11 +51,19 @@ def accepted_rows(
     table's types (a column added by another batch first keeps its type) and NULL where the
     batch has no such column or struct field. ``staged_names`` maps a column's or struct field's
     dotted path to the name the batch staged it under, where that changed (None: not staged)."""
+    accepted, columns = _accepted_columns(staged.schema, table_schema, dict(staged_names or {}))
+    return staged.where(accepted).select(*columns)
+
+
+@cached_columns
+def _accepted_columns(
+    staged_schema: T.StructType, table_schema: T.StructType, staged_names: dict[str, str | None]
+) -> tuple[Column, list[Column]]:
+    """Which staged rows are accepted, and their columns as :func:`accepted_rows` selects them."""
     columns = [
-        _aligned(_top_level, staged.schema, field, field.name, staged_names or {}).alias(field.name)
-        for field in table_schema
+        _aligned(_top_level, staged_schema, field, field.name, staged_names).alias(field.name) for field in table_schema
     ]
-    return staged.where(F.col(REASON_COLUMN).isNull()).select(*columns, F.col(OPERATION_COLUMN))
+    return F.col(REASON_COLUMN).isNull(), [*columns, F.col(OPERATION_COLUMN)]
 
 
 def _top_level(name: str) -> Column:
@@ -114,9 +123,16 @@ def _has_struct(data_type: T.DataType) -> bool:
 
 def rejected_events(staged: DataFrame) -> DataFrame:
     """The staged events that go to the dead letters: original text, reason, file and line."""
-    return staged.where(F.col(REASON_COLUMN).isNotNull()).select(
+    rejected, columns = _rejected_columns()
+    return staged.where(rejected).select(*columns)
+
+
+@cached_columns
+def _rejected_columns() -> tuple[Column, list[Column]]:
+    """Which staged rows are rejected, and their columns as :func:`rejected_events` selects them."""
+    return F.col(REASON_COLUMN).isNotNull(), [
         F.col(EVENT_COLUMN).alias("event"),
         F.col(REASON_COLUMN).alias("reason"),
         F.col(SOURCE_FILE_COLUMN).alias("source_file"),
         F.col(LINE_COLUMN).cast("long").alias("source_line"),
-    )
+    ]

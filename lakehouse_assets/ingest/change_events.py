@@ -21,8 +21,10 @@ from pyspark.sql import functions as F
 
 from lakehouse_assets.batches.staged_format import DELETE, OPERATION_BY_NAME, UPSERT
 from lakehouse_assets.config.spec import OPERATION_POINTER, StreamSpec
+from lakehouse_assets.jvm.column_cache import cached_columns
 
 SOURCE_POSITION_FIELDS = ("lsn", "file", "pos", "row")
+_RANK = "_lakehouse_rank"
 
 
 @dataclass(frozen=True)
@@ -80,17 +82,28 @@ def event_shape(stream: StreamSpec, event: Column, landing_position: list[Column
 
 
 def collapse_changes(
-    frame: DataFrame, identifier_columns: list[str], operation: str, position: str, accepted: Column
+    frame: DataFrame, identifier_columns: list[str], operation: str, position: str, reason: str
 ) -> DataFrame:
-    """Keep, per key, only the last accepted change in source order; rejected rows are all kept.
+    """Keep, per key, only the last accepted change (``reason`` NULL) in source order; rejected
+    rows are all kept.
 
     ``operation`` becomes UPSERT or DELETE (the net effect) on the kept rows.
     """
+    rank, kept, net_operation = _collapse_columns(identifier_columns, operation, position, reason)
+    ranked = frame.withColumn(_RANK, rank)
+    return ranked.where(kept).drop(_RANK).withColumn(operation, net_operation)
+
+
+@cached_columns
+def _collapse_columns(
+    identifier_columns: list[str], operation: str, position: str, reason: str
+) -> tuple[Column, Column, Column]:
+    """:func:`collapse_changes`' rank of a change among its key's, which changes it keeps, and
+    their net operation."""
+    accepted = F.col(reason).isNull()
     keys = [F.col(f"`{name}`") for name in identifier_columns]
     latest_first = Window.partitionBy(*keys, accepted).orderBy(F.col(position).desc())
-    ranked = frame.withColumn("_lakehouse_rank", F.row_number().over(latest_first))
-    net = ranked.where(~accepted | (F.col("_lakehouse_rank") == 1)).drop("_lakehouse_rank")
-    return net.withColumn(
-        operation,
-        F.when(~accepted, F.col(operation)).when(F.col(operation) == DELETE, F.lit(DELETE)).otherwise(F.lit(UPSERT)),
+    net_operation = (
+        F.when(~accepted, F.col(operation)).when(F.col(operation) == DELETE, F.lit(DELETE)).otherwise(F.lit(UPSERT))
     )
+    return F.row_number().over(latest_first), ~accepted | (F.col(_RANK) == 1), net_operation

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import reduce
 from typing import cast
 
@@ -61,8 +62,9 @@ from lakehouse_assets.batches.staged_format import (
 )
 from lakehouse_assets.config.spec import SOURCE_POSITION_COLUMN, StreamSpec
 from lakehouse_assets.errors import LakehouseError
-from lakehouse_assets.ingest.change_events import EventShape, event_shape
+from lakehouse_assets.ingest.change_events import event_shape
 from lakehouse_assets.ingest.landing_reader import BATCH_COLUMN, BYTE_ORDER_MARK
+from lakehouse_assets.jvm.column_cache import cached_columns
 
 ICEBERG_TYPE = "iceberg_type"
 UUID_TEXT = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\z"
@@ -328,19 +330,15 @@ def convert_events(
 
     ``lines`` comes from :func:`read_landing_lines`.
     """
-    shape = event_shape(stream, F.col(EVENT_COLUMN), [F.col(SOURCE_FILE_COLUMN), F.col(LINE_COLUMN)])
+    conversion = _conversion(table_schema, stream, identifier_columns, from_lines=True)
     parsed = lines.select(
         EVENT_COLUMN,
         SOURCE_FILE_COLUMN,
         LINE_COLUMN,
         *([BATCH_COLUMN] if BATCH_COLUMN in lines.columns else []),
-        shape.row.alias(_ROW),
-        shape.raw_operation.alias(_RAW_OPERATION),
-        shape.operation.alias(OPERATION_COLUMN),
-        F.struct(*shape.position).alias(POSITION_COLUMN),
+        *conversion.shape,
     )
-    typed = F.from_json(F.col(_ROW), typed_parse_schema(row_fields(table_schema)), PARSE_OPTIONS)
-    return _converted(parsed.withColumn(_TYPED, typed), table_schema, stream, identifier_columns, shape)
+    return conversion.applied(parsed.withColumn(_TYPED, conversion.typed_parse))
 
 
 def convert_parsed_events(events: DataFrame, table_schema: T.StructType, stream: StreamSpec) -> DataFrame:
@@ -351,33 +349,63 @@ def convert_parsed_events(events: DataFrame, table_schema: T.StructType, stream:
     again from the landing lines)."""
     if stream.applies_changes:
         raise LakehouseError(f"stream {stream.name!r}: events with operations are converted from their text")
+    conversion = _conversion(table_schema, stream, [], from_lines=False)
+    parsed = events.select(*_parsed_event_columns(events.columns)).select("*", *conversion.shape)
+    return conversion.applied(parsed)
+
+
+@cached_columns
+def _parsed_event_columns(names: list[str]) -> list[Column]:
+    """The typed parse's columns ``names`` as ``_TYPED``, the event's text (from the corrupt-record
+    column, without a byte order mark), and NULL file and line."""
     corrupt = F.col(CORRUPT_COLUMN)
     text = F.when(corrupt.startswith(BYTE_ORDER_MARK), corrupt.substr(F.lit(2), F.length(corrupt))).otherwise(corrupt)
     nothing = F.lit(None)
-    shape = event_shape(stream, F.col(EVENT_COLUMN), [nothing.cast("string"), nothing.cast("long")])
-    parsed = events.select(
-        F.struct(*[F.col(f"`{name}`") for name in events.columns]).alias(_TYPED),
+    return [
+        F.struct(*[F.col(f"`{name}`") for name in names]).alias(_TYPED),
         text.alias(EVENT_COLUMN),
         nothing.cast("string").alias(SOURCE_FILE_COLUMN),
         nothing.cast("long").alias(LINE_COLUMN),
-    ).select(
-        "*",
-        shape.row.alias(_ROW),
-        shape.raw_operation.alias(_RAW_OPERATION),
-        shape.operation.alias(OPERATION_COLUMN),
-        F.struct(*shape.position).alias(POSITION_COLUMN),
-    )
-    return _converted(parsed, table_schema, stream, [], shape)
+    ]
 
 
-def _converted(
-    parsed: DataFrame, table_schema: T.StructType, stream: StreamSpec, identifier_columns: list[str], shape: EventShape
-) -> DataFrame:
-    """``parsed`` (with the typed parse of each event's row in ``_TYPED``) converted."""
+@dataclass(frozen=True)
+class _Conversion:
+    """The columns that convert a stream's events to a table schema, in the order they apply."""
+
+    shape: list[Column]
+    """The event's row, raw operation, operation and position, over its text."""
+    typed_parse: Column
+    """The typed parse of the event's row (``convert_events``; the JSON reader's otherwise)."""
+    text_parse: Column
+    """The text parse, for the events whose typed parse failed."""
+    values: list[Column]
+    version_position: Column | None
+    reason: Column
+    uncoercible: Column
+
+    def applied(self, parsed: DataFrame) -> DataFrame:
+        """``parsed`` (with the typed parse of each event's row in ``_TYPED``) converted."""
+        # Spark evaluates the text parse only for the events whose typed parse failed.
+        converted = parsed.withColumn(_RAW, self.text_parse).select("*", *self.values)
+        if self.version_position is not None:
+            converted = converted.withColumn(POSITION_COLUMN, self.version_position)
+        return converted.select("*", self.reason, self.uncoercible).drop(_RAW, _TYPED, _ROW, _RAW_OPERATION)
+
+
+@cached_columns
+def _conversion(
+    table_schema: T.StructType, stream: StreamSpec, identifier_columns: list[str], from_lines: bool
+) -> _Conversion:
+    """The conversion's columns for ``stream``'s events into ``table_schema``; the events' file and
+    line are columns ``from_lines``, NULL otherwise."""
+    nothing = F.lit(None)
+    landing_position = [F.col(SOURCE_FILE_COLUMN), F.col(LINE_COLUMN)]
+    if not from_lines:
+        landing_position = [nothing.cast("string"), nothing.cast("long")]
+    shape = event_shape(stream, F.col(EVENT_COLUMN), landing_position)
     fields = row_fields(table_schema)
-    # Spark evaluates the text parse only for the events whose typed parse failed.
     text_schema = T.StructType([T.StructField(field.name, T.StringType()) for field in fields])
-    parsed = parsed.withColumn(_RAW, F.when(~_typed_parse_succeeded(), F.from_json(F.col(_ROW), text_schema)))
 
     def value(field: T.StructField) -> Column:
         if _parsed_typed(field):
@@ -385,19 +413,12 @@ def _converted(
             return F.when(_typed_parse_succeeded(), F.col(_TYPED).getField(field.name)).otherwise(coerced)
         return coerce_text(_field_text(field), field.dataType, field.metadata.get(ICEBERG_TYPE))
 
-    position = shape.source_position if shape.source_position is not None else F.lit(None)
+    position = shape.source_position if shape.source_position is not None else nothing
     kept_position = [position.cast(field.dataType) for field in table_schema if field.name == SOURCE_POSITION_COLUMN]
-    converted = parsed.select(
-        "*",
-        *[value(field).alias(field.name) for field in fields],
-        *[kept.alias(SOURCE_POSITION_COLUMN) for kept in kept_position],
+    # A key's changes in a batch are ordered by their version first, then by landing order.
+    version_position = (
+        F.struct(F.col(f"`{stream.version_column}`"), F.col(POSITION_COLUMN)) if stream.version_column else None
     )
-    if stream.version_column:
-        # A key's changes in a batch are ordered by their version first, then by landing order.
-        converted = converted.withColumn(
-            POSITION_COLUMN, F.struct(F.col(f"`{stream.version_column}`"), F.col(POSITION_COLUMN))
-        )
-    reason = _rejection_reason(fields, stream, identifier_columns)
     # An optional top-level column the event has a value for that did not coerce, and, below a
     # struct, list or map column that did, each place with a value that did not (by its path). The converted
     # value comes first in the test: Spark then computes it once for the column and the test (an
@@ -408,13 +429,25 @@ def _converted(
     for field in fields:
         for path, lost in _losses_below(_field_text(field), F.col(f"`{field.name}`"), field.dataType, field.name):
             uncoercible.append(F.when(lost, F.lit(path)))
-    return converted.select(
-        "*",
-        reason.alias(REASON_COLUMN),
-        F.array_compact(F.array(*uncoercible)).alias(UNCOERCIBLE_COLUMN)
+    return _Conversion(
+        shape=[
+            shape.row.alias(_ROW),
+            shape.raw_operation.alias(_RAW_OPERATION),
+            shape.operation.alias(OPERATION_COLUMN),
+            F.struct(*shape.position).alias(POSITION_COLUMN),
+        ],
+        typed_parse=F.from_json(F.col(_ROW), typed_parse_schema(fields), PARSE_OPTIONS),
+        text_parse=F.when(~_typed_parse_succeeded(), F.from_json(F.col(_ROW), text_schema)),
+        values=[
+            *[value(field).alias(field.name) for field in fields],
+            *[kept.alias(SOURCE_POSITION_COLUMN) for kept in kept_position],
+        ],
+        version_position=version_position,
+        reason=_rejection_reason(fields, stream, identifier_columns).alias(REASON_COLUMN),
+        uncoercible=F.array_compact(F.array(*uncoercible)).alias(UNCOERCIBLE_COLUMN)
         if uncoercible
         else F.array().cast("array<string>").alias(UNCOERCIBLE_COLUMN),
-    ).drop(_RAW, _TYPED, _ROW, _RAW_OPERATION)
+    )
 
 
 def _losses_below(raw: Column, converted: Column, data_type: T.DataType, path: str) -> list[tuple[str, Column]]:

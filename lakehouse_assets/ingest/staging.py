@@ -65,6 +65,7 @@ from lakehouse_assets.ingest.schema_evolution import (
     with_optional,
 )
 from lakehouse_assets.ingest.staged_events import staged_events
+from lakehouse_assets.jvm.column_cache import cached_columns
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
@@ -132,6 +133,7 @@ def kafka_lost_offsets(stream: StreamSpec, record: BatchRecord) -> dict[str, lis
     return lost
 
 
+@cached_columns
 def batch_figures(stream: StreamSpec, table_schema: T.StructType) -> list[Column]:
     """The figures the ledger records of a staged batch, as aggregates over its staged rows: rows,
     deletes, rejected events, the event-time range, and per optional column the accepted events
