@@ -6,6 +6,9 @@
   that fails would (after a commit: a commit whose outcome the caller cannot know).
 - ``LAKEHOUSE_PAUSE_AT=<point>`` with ``LAKEHOUSE_PAUSE_DIR=<dir>`` creates ``<dir>/<point>.paused``
   and waits until ``<dir>/<point>.release`` exists, to hold two real processes in an interleaving.
+
+A point a pass reaches per table is also named for one table alone, ``<point>@<table>``: a process
+with several tables in flight then holds just that table's pass there.
 """
 
 from __future__ import annotations
@@ -88,15 +91,22 @@ class InjectedFault(RuntimeError):
     """An error raised on purpose at a fault point."""
 
 
-def crash_point(name: str) -> None:
-    """Die, fail or pause here when the environment names this point; otherwise do nothing."""
-    if os.environ.get(CRASH_ENV) == name:
+def crash_point(name: str, subject: str | None = None) -> None:
+    """Die, fail or pause here when the environment names this point; otherwise do nothing. A point
+    passed on one ``subject`` (a table) is also named for that subject alone: ``<point>@<subject>``."""
+    named = {name} if subject is None else {name, at(name, subject)}
+    if os.environ.get(CRASH_ENV) in named:
         os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get(FAIL_ENV) == name:
+    if os.environ.get(FAIL_ENV) in named:
         raise InjectedFault(f"fault injected at {name}")
-    if os.environ.get(PAUSE_ENV) == name:
+    if (paused := os.environ.get(PAUSE_ENV)) in named:
         directory = Path(os.environ[PAUSE_DIR_ENV])
-        (directory / f"{name}.paused").touch()
+        (directory / f"{paused}.paused").touch()
         deadline = time.monotonic() + PAUSE_TIMEOUT_SECONDS
-        while not (directory / f"{name}.release").exists() and time.monotonic() < deadline:
+        while not (directory / f"{paused}.release").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+def at(name: str, subject: str) -> str:
+    """Point ``name`` of one subject alone, as the environment names it."""
+    return f"{name}@{subject}"

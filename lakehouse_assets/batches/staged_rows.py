@@ -19,7 +19,7 @@ from lakehouse_assets.batches.staged_format import (
     REASON_COLUMN,
     SOURCE_FILE_COLUMN,
 )
-from lakehouse_assets.jvm.column_cache import cached_columns
+from lakehouse_assets.jvm.column_cache import Named, cached_columns, named
 
 # The key under which Spark records the schema of the rows it wrote in each Parquet file's footer
 # (``ParquetWriteSupport.SPARK_ROW_SCHEMA``): Spark's own read restores its types from it.
@@ -52,18 +52,18 @@ def accepted_rows(
     batch has no such column or struct field. ``staged_names`` maps a column's or struct field's
     dotted path to the name the batch staged it under, where that changed (None: not staged)."""
     accepted, columns = _accepted_columns(staged.schema, table_schema, dict(staged_names or {}))
-    return staged.where(accepted).select(*columns)
+    return staged.where(accepted).select(*named(columns))
 
 
 @cached_columns
 def _accepted_columns(
     staged_schema: T.StructType, table_schema: T.StructType, staged_names: dict[str, str | None]
-) -> tuple[Column, list[Column]]:
+) -> tuple[Column, Named]:
     """Which staged rows are accepted, and their columns as :func:`accepted_rows` selects them."""
     columns = [
-        _aligned(_top_level, staged_schema, field, field.name, staged_names).alias(field.name) for field in table_schema
+        (field.name, _aligned(_top_level, staged_schema, field, field.name, staged_names)) for field in table_schema
     ]
-    return F.col(REASON_COLUMN).isNull(), [*columns, F.col(OPERATION_COLUMN)]
+    return F.col(REASON_COLUMN).isNull(), (*columns, (OPERATION_COLUMN, F.col(OPERATION_COLUMN)))
 
 
 def _top_level(name: str) -> Column:
@@ -124,15 +124,15 @@ def _has_struct(data_type: T.DataType) -> bool:
 def rejected_events(staged: DataFrame) -> DataFrame:
     """The staged events that go to the dead letters: original text, reason, file and line."""
     rejected, columns = _rejected_columns()
-    return staged.where(rejected).select(*columns)
+    return staged.where(rejected).select(*named(columns))
 
 
 @cached_columns
-def _rejected_columns() -> tuple[Column, list[Column]]:
+def _rejected_columns() -> tuple[Column, Named]:
     """Which staged rows are rejected, and their columns as :func:`rejected_events` selects them."""
-    return F.col(REASON_COLUMN).isNotNull(), [
-        F.col(EVENT_COLUMN).alias("event"),
-        F.col(REASON_COLUMN).alias("reason"),
-        F.col(SOURCE_FILE_COLUMN).alias("source_file"),
-        F.col(LINE_COLUMN).cast("long").alias("source_line"),
-    ]
+    return F.col(REASON_COLUMN).isNotNull(), (
+        ("event", F.col(EVENT_COLUMN)),
+        ("reason", F.col(REASON_COLUMN)),
+        ("source_file", F.col(SOURCE_FILE_COLUMN)),
+        ("source_line", F.col(LINE_COLUMN).cast("long")),
+    )

@@ -114,7 +114,7 @@ def written_on_pass_branch(
     published = False
     try:
         yield name
-        crash_point(faults.COMMITTER_BEFORE_PUBLISH)
+        crash_point(faults.COMMITTER_BEFORE_PUBLISH, identifier)
         publish_pass_branch(spark, identifier, name, target)
         published = True
     finally:

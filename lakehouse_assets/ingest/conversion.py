@@ -64,7 +64,7 @@ from lakehouse_assets.config.spec import SOURCE_POSITION_COLUMN, StreamSpec
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.change_events import event_shape
 from lakehouse_assets.ingest.landing_reader import BATCH_COLUMN, BYTE_ORDER_MARK
-from lakehouse_assets.jvm.column_cache import cached_columns
+from lakehouse_assets.jvm.column_cache import Named, cached_columns, named
 
 ICEBERG_TYPE = "iceberg_type"
 UUID_TEXT = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\z"
@@ -336,7 +336,7 @@ def convert_events(
         SOURCE_FILE_COLUMN,
         LINE_COLUMN,
         *([BATCH_COLUMN] if BATCH_COLUMN in lines.columns else []),
-        *conversion.shape,
+        *named(conversion.shape),
     )
     return conversion.applied(parsed.withColumn(_TYPED, conversion.typed_parse))
 
@@ -350,55 +350,60 @@ def convert_parsed_events(events: DataFrame, table_schema: T.StructType, stream:
     if stream.applies_changes:
         raise LakehouseError(f"stream {stream.name!r}: events with operations are converted from their text")
     conversion = _conversion(table_schema, stream, [], from_lines=False)
-    parsed = events.select(*_parsed_event_columns(events.columns)).select("*", *conversion.shape)
+    parsed = events.select(*named(_parsed_event_columns(events.columns))).select("*", *named(conversion.shape))
     return conversion.applied(parsed)
 
 
 @cached_columns
-def _parsed_event_columns(names: list[str]) -> list[Column]:
+def _parsed_event_columns(names: list[str]) -> Named:
     """The typed parse's columns ``names`` as ``_TYPED``, the event's text (from the corrupt-record
     column, without a byte order mark), and NULL file and line."""
     corrupt = F.col(CORRUPT_COLUMN)
     text = F.when(corrupt.startswith(BYTE_ORDER_MARK), corrupt.substr(F.lit(2), F.length(corrupt))).otherwise(corrupt)
     nothing = F.lit(None)
-    return [
-        F.struct(*[F.col(f"`{name}`") for name in names]).alias(_TYPED),
-        text.alias(EVENT_COLUMN),
-        nothing.cast("string").alias(SOURCE_FILE_COLUMN),
-        nothing.cast("long").alias(LINE_COLUMN),
-    ]
+    return (
+        (_TYPED, F.struct(*[F.col(f"`{name}`") for name in names])),
+        (EVENT_COLUMN, text),
+        (SOURCE_FILE_COLUMN, nothing.cast("string")),
+        (LINE_COLUMN, nothing.cast("long")),
+    )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Conversion:
-    """The columns that convert a stream's events to a table schema, in the order they apply."""
+    """The expressions that convert a stream's events to a table schema, in the order they apply."""
 
-    shape: list[Column]
+    shape: Named
     """The event's row, raw operation, operation and position, over its text."""
     typed_parse: Column
     """The typed parse of the event's row (``convert_events``; the JSON reader's otherwise)."""
     text_parse: Column
     """The text parse, for the events whose typed parse failed."""
-    values: list[Column]
+    values: Named
+    """The table's columns, converted (and a Debezium table's source position)."""
     version_position: Column | None
+    """The position a key's changes are ordered by, with ``version_column``."""
     reason: Column
+    """Why the event is rejected; NULL when it converts."""
     uncoercible: Column
+    """The places whose values did not coerce."""
 
     def applied(self, parsed: DataFrame) -> DataFrame:
         """``parsed`` (with the typed parse of each event's row in ``_TYPED``) converted."""
         # Spark evaluates the text parse only for the events whose typed parse failed.
-        converted = parsed.withColumn(_RAW, self.text_parse).select("*", *self.values)
+        converted = parsed.withColumn(_RAW, self.text_parse).select("*", *named(self.values))
         if self.version_position is not None:
             converted = converted.withColumn(POSITION_COLUMN, self.version_position)
-        return converted.select("*", self.reason, self.uncoercible).drop(_RAW, _TYPED, _ROW, _RAW_OPERATION)
+        named_last = named(((REASON_COLUMN, self.reason), (UNCOERCIBLE_COLUMN, self.uncoercible)))
+        return converted.select("*", *named_last).drop(_RAW, _TYPED, _ROW, _RAW_OPERATION)
 
 
 @cached_columns
 def _conversion(
     table_schema: T.StructType, stream: StreamSpec, identifier_columns: list[str], from_lines: bool
 ) -> _Conversion:
-    """The conversion's columns for ``stream``'s events into ``table_schema``; the events' file and
-    line are columns ``from_lines``, NULL otherwise."""
+    """The conversion's expressions for ``stream``'s events into ``table_schema``; the events' file
+    and line are columns ``from_lines``, NULL otherwise. Reads ``TYPED_PARSE_TYPES``."""
     nothing = F.lit(None)
     landing_position = [F.col(SOURCE_FILE_COLUMN), F.col(LINE_COLUMN)]
     if not from_lines:
@@ -430,23 +435,21 @@ def _conversion(
         for path, lost in _losses_below(_field_text(field), F.col(f"`{field.name}`"), field.dataType, field.name):
             uncoercible.append(F.when(lost, F.lit(path)))
     return _Conversion(
-        shape=[
-            shape.row.alias(_ROW),
-            shape.raw_operation.alias(_RAW_OPERATION),
-            shape.operation.alias(OPERATION_COLUMN),
-            F.struct(*shape.position).alias(POSITION_COLUMN),
-        ],
+        shape=(
+            (_ROW, shape.row),
+            (_RAW_OPERATION, shape.raw_operation),
+            (OPERATION_COLUMN, shape.operation),
+            (POSITION_COLUMN, F.struct(*shape.position)),
+        ),
         typed_parse=F.from_json(F.col(_ROW), typed_parse_schema(fields), PARSE_OPTIONS),
         text_parse=F.when(~_typed_parse_succeeded(), F.from_json(F.col(_ROW), text_schema)),
-        values=[
-            *[value(field).alias(field.name) for field in fields],
-            *[kept.alias(SOURCE_POSITION_COLUMN) for kept in kept_position],
-        ],
+        values=(
+            *[(field.name, value(field)) for field in fields],
+            *[(SOURCE_POSITION_COLUMN, kept) for kept in kept_position],
+        ),
         version_position=version_position,
-        reason=_rejection_reason(fields, stream, identifier_columns).alias(REASON_COLUMN),
-        uncoercible=F.array_compact(F.array(*uncoercible)).alias(UNCOERCIBLE_COLUMN)
-        if uncoercible
-        else F.array().cast("array<string>").alias(UNCOERCIBLE_COLUMN),
+        reason=_rejection_reason(fields, stream, identifier_columns),
+        uncoercible=F.array_compact(F.array(*uncoercible)) if uncoercible else F.array().cast("array<string>"),
     )
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -18,7 +18,7 @@ from lakehouse_assets.batches.staged_format import (
 )
 from lakehouse_assets.ingest.change_events import collapse_changes
 from lakehouse_assets.ingest.landing_reader import valid_text
-from lakehouse_assets.jvm.column_cache import cached_columns
+from lakehouse_assets.jvm.column_cache import Named, cached_columns, named
 
 
 def staged_events(converted: DataFrame, table_schema: T.StructType, identifier_columns: list[str]) -> DataFrame:
@@ -29,18 +29,16 @@ def staged_events(converted: DataFrame, table_schema: T.StructType, identifier_c
     """
     if identifier_columns:
         converted = collapse_changes(converted, identifier_columns, OPERATION_COLUMN, POSITION_COLUMN, REASON_COLUMN)
-    return converted.select(*_staged_columns(table_schema))
+    return converted.select(*named(_staged_columns(table_schema)))
 
 
 @cached_columns
-def _staged_columns(table_schema: T.StructType) -> list[Column]:
+def _staged_columns(table_schema: T.StructType) -> Named:
     """The columns :func:`staged_events` stages of each event."""
     accepted = F.col(REASON_COLUMN).isNull()
-    return [
-        *[F.col(f"`{field.name}`") for field in table_schema],
-        F.col(OPERATION_COLUMN),
-        F.col(REASON_COLUMN),
-        F.col(UNCOERCIBLE_COLUMN),
-        F.when(~accepted, valid_text(F.col(EVENT_COLUMN))).alias(EVENT_COLUMN),
-        *[F.when(~accepted, F.col(name)).alias(name) for name in (SOURCE_FILE_COLUMN, LINE_COLUMN)],
-    ]
+    kept = [field.name for field in table_schema] + [OPERATION_COLUMN, REASON_COLUMN, UNCOERCIBLE_COLUMN]
+    return (
+        *[(name, F.col(f"`{name}`")) for name in kept],
+        (EVENT_COLUMN, F.when(~accepted, valid_text(F.col(EVENT_COLUMN)))),
+        *[(name, F.when(~accepted, F.col(name))) for name in (SOURCE_FILE_COLUMN, LINE_COLUMN)],
+    )

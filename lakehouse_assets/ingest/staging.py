@@ -65,7 +65,7 @@ from lakehouse_assets.ingest.schema_evolution import (
     with_optional,
 )
 from lakehouse_assets.ingest.staged_events import staged_events
-from lakehouse_assets.jvm.column_cache import cached_columns
+from lakehouse_assets.jvm.column_cache import Named, cached_columns, named
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.locks import exclusive_lock, table_lock_file
 from lakehouse_assets.paths import LakehousePaths
@@ -133,25 +133,29 @@ def kafka_lost_offsets(stream: StreamSpec, record: BatchRecord) -> dict[str, lis
     return lost
 
 
-@cached_columns
 def batch_figures(stream: StreamSpec, table_schema: T.StructType) -> list[Column]:
     """The figures the ledger records of a staged batch, as aggregates over its staged rows: rows,
     deletes, rejected events, the event-time range, and per optional column the accepted events
     whose value for it could not be coerced (``uncoercible``; a struct's fields by their path)."""
+    return named(_figures(stream, table_schema))
+
+
+@cached_columns
+def _figures(stream: StreamSpec, table_schema: T.StructType) -> Named:
     accepted = F.col(REASON_COLUMN).isNull()
     deleted = accepted & (F.col(OPERATION_COLUMN) == F.lit(DELETE))
     event_time = stream.resolved_event_time_column()
     if event_time not in table_schema.fieldNames():
         event_time = None
     event_times = F.when(accepted & ~deleted, F.col(event_time)) if event_time else F.lit(None).cast("timestamp")
-    return [
-        F.count(F.when(accepted & ~deleted, 1)).alias("rows"),
-        F.count(F.when(deleted, 1)).alias("deletes"),
-        F.count(F.when(~accepted, 1)).alias("rejected"),
-        F.date_format(F.min(event_times), ISO_8601_UTC).alias("min_event_time"),
-        F.date_format(F.max(event_times), ISO_8601_UTC).alias("max_event_time"),
-        _uncoercible_counts(uncoercible_paths(table_schema.fields), accepted).alias("uncoercible"),
-    ]
+    return (
+        ("rows", F.count(F.when(accepted & ~deleted, 1))),
+        ("deletes", F.count(F.when(deleted, 1))),
+        ("rejected", F.count(F.when(~accepted, 1))),
+        ("min_event_time", F.date_format(F.min(event_times), ISO_8601_UTC)),
+        ("max_event_time", F.date_format(F.max(event_times), ISO_8601_UTC)),
+        ("uncoercible", _uncoercible_counts(uncoercible_paths(table_schema.fields), accepted)),
+    )
 
 
 def _uncoercible_counts(optional_columns: list[str], accepted: Column) -> Column:
