@@ -28,6 +28,7 @@ from lakehouse_assets.jvm.connectors import (
     fetch_jars,
 )
 from lakehouse_assets.lakehouse import Lakehouse
+from lakehouse_assets.ops.jvm_server import JvmServer
 from lakehouse_assets.ops.kafka_broker import LocalBroker, local_broker
 from lakehouse_assets.ops.s3_server import LocalS3Server, local_s3_server
 from lakehouse_assets.paths import LakehousePaths
@@ -194,6 +195,13 @@ def instance(lakehouse_home: Path) -> Iterator[dg.DagsterInstance]:
         yield dagster_instance
 
 
+def kill_session_server(server: JvmServer) -> None:
+    """Kill a session's server (the broker, the store, the REST catalog) as its test worker ends,
+    instead of stopping it: its data is thrown away with it, and at the end of whole suites some
+    took the 20 s a clean stop may before they were killed (``docs/benchmarks.md``)."""
+    server.stop(kill=True)
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
     """A throwaway PostgreSQL server for the tests that need a real catalog database."""
@@ -209,6 +217,7 @@ def kafka_broker() -> Iterator[LocalBroker]:
     try:
         with local_broker(directory) as broker:
             yield broker
+            kill_session_server(broker)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -222,6 +231,7 @@ def s3_server() -> Iterator[LocalS3Server]:
         with local_s3_server(directory) as server:
             server.create_bucket(OBJECT_STORE_BUCKET)
             yield server
+            kill_session_server(server)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

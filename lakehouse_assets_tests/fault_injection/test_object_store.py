@@ -32,7 +32,7 @@ from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.rest_catalog_server import LocalRestCatalog
 from lakehouse_assets.ops.s3_server import LocalS3Server
 from lakehouse_assets.paths import STORAGE_ROOT_ENV
-from lakehouse_assets_tests.conftest import OBJECT_STORE_BUCKET
+from lakehouse_assets_tests.conftest import OBJECT_STORE_BUCKET, kill_session_server
 from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
 from lakehouse_assets_tests.fault_injection.faulty_store import FaultyStoreProxy
 from lakehouse_assets_tests.fault_injection.invariants import (
@@ -101,7 +101,7 @@ def object_store_first_round(
         shutil.copytree(work, base / "template")
         yield base, catalog, _tables(catalog)[1]
     finally:
-        catalog.stop()
+        kill_session_server(catalog)
 
 
 @pytest.fixture
