@@ -8,6 +8,7 @@ none), listening on a loopback port, logging to a file in its directory, and sto
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -26,6 +27,7 @@ from lakehouse_assets.jvm.java_runtime import ensure_java_home
 START_TIMEOUT_SECONDS = 90.0
 STOP_TIMEOUT_SECONDS = 20.0
 SERVER_HEAP = "-Xmx512m"
+logger = logging.getLogger(__name__)
 JAVA_OPTIONS_ENV = "JAVA_TOOL_OPTIONS"
 """Not passed on: options meant for Spark's JVMs (a class-data archive of Spark's class path)."""
 
@@ -108,6 +110,12 @@ class JvmServer:
         try:
             self.process.wait(timeout=STOP_TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
+            logger.warning(
+                "%s did not end within %.0f s of SIGTERM; killed (its log: %s)",
+                self.name,
+                STOP_TIMEOUT_SECONDS,
+                self.log_file,
+            )
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
