@@ -27,9 +27,9 @@ from lakehouse_assets.jvm.java_runtime import ensure_java_home
 START_TIMEOUT_SECONDS = 90.0
 STOP_TIMEOUT_SECONDS = 20.0
 SERVER_HEAP = "-Xmx512m"
-logger = logging.getLogger(__name__)
 JAVA_OPTIONS_ENV = "JAVA_TOOL_OPTIONS"
 """Not passed on: options meant for Spark's JVMs (a class-data archive of Spark's class path)."""
+logger = logging.getLogger(__name__)
 
 
 def free_port() -> int:
