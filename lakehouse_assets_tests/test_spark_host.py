@@ -193,31 +193,35 @@ def test_a_killed_host_or_jvm_between_calls_is_replaced_by_the_next_call(lake, s
 
 
 def test_a_host_told_to_stop_during_a_call_answers_it_and_exits_cleanly(lake, monkeypatch, tmp_path, stops_hosts):
+    """Held with its call's work done and the answer not yet sent, the latest point of a call: a
+    host that counted the call finished before answering it exited there and lost the answer."""
     stream = lake.stream("orders")
     land_events(lake.paths, stream, [order_event(i) for i in range(1, 31)])
     batch, _ = mint_next_batch(lake, stream, drain=True)
+    point = faults.at(faults.HOST_BEFORE_ANSWER, stage_batch.__name__)
     monkeypatch.setenv(faults.PAUSE_DIR_ENV, str(tmp_path))
-    monkeypatch.setenv(faults.PAUSE_ENV, faults.WRITER_AFTER_STAGING)
+    monkeypatch.setenv(faults.PAUSE_ENV, point)
     host = call_on_host(lake, _process_id)
     monkeypatch.delenv(faults.PAUSE_ENV)
 
     with ThreadPoolExecutor(1) as pool:
         staging = pool.submit(call_on_host, lake, stage_batch, stream, batch.sequence)
-        paused = tmp_path / f"{faults.WRITER_AFTER_STAGING}.paused"
         deadline = time.monotonic() + 120
-        while not paused.exists() and time.monotonic() < deadline:
+        while not (tmp_path / f"{point}.paused").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        os.kill(host, signal.SIGTERM)  # mid-call: the host takes no new call, then finishes this one
+        os.kill(host, signal.SIGTERM)  # mid-call: the host takes no new call, then answers this one
         while host_pid(lake) is not None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert host_pid(lake) is None, "a stopping host must take no new calls"
-        (tmp_path / f"{faults.WRITER_AFTER_STAGING}.release").touch()
+        time.sleep(1.0)  # a host that no longer counted the call would exit meanwhile (it polls every 0.1 s)
+        (tmp_path / f"{point}.release").touch()
         staging.result(timeout=120)
 
     assert _exit_status(host) == 0
     assert lake.ledger("orders").batch(batch.sequence).staged is not None
     text = (lake.paths.state / "spark-host.log").read_text()
     assert "SIGTERM: taking no new calls" in text and "stopped" in text and "Traceback" not in text
+    assert text.count("stage_batch in ") == 1, "the call was answered, not repeated on a new host"
     assert call_on_host(lake, _process_id) != host, "the next call starts a new host"
 
 

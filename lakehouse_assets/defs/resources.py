@@ -35,12 +35,12 @@ class LakehouseResource(dg.ConfigurableResource):
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         """Take the run's liveness lock for this process and name it in the run's tags, so run
         monitoring can tell when the process running it is gone (``lakehouse_assets.runtime.run_launcher``)."""
-        if context.run_id is None or context.instance is None:
+        if context.run is None or context.instance is None:
             return
         paths = LakehousePaths.from_env()
         with named_storage_failures("taking the run's liveness lock", paths.written_directories()):
-            lock_file = hold_run_lock(paths, context.run_id)
-        context.instance.add_run_tags(context.run_id, {LIVENESS_TAG: liveness_label(lock_file)})
+            lock_file = hold_run_lock(paths, context.run.run_id)
+        context.instance.add_run_tags(context.run.run_id, {LIVENESS_TAG: liveness_label(lock_file)})
 
     def lake(self) -> Lakehouse:
         """The lakehouse as it is configured now. Not kept for the run: routing adds a derived

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
+from lakehouse_assets import faults
 from lakehouse_assets.engine.spark_host import (
     CODE_CHANGED_EXIT,
     JVM_GONE_EXIT,
@@ -99,20 +100,28 @@ class _Host:
             function, lake, args, kwargs = request
             with self.guard:
                 self.in_flight += 1
-            call = _Call(function.__name__, connection)
+            # A call is in flight until its answer is sent: a stopping host exits once none is.
             try:
-                answer = ("ok", _run(function, lake, args, kwargs, call.job_group))
-            except Exception as error:  # noqa: BLE001 - every failure travels back to the calling run
-                if _jvm_exited(JVM_EXIT_WAIT_SECONDS if _broke_jvm_connection(error) else 0.0):
-                    _exit_for_lost_jvm()  # no answer: the caller repeats the call on a new host
-                answer = ("error", _travelling(error))
+                self._answer_call(connection, function, lake, args, kwargs)
             finally:
-                call.done.set()
                 with self.guard:
                     self.in_flight -= 1
                     self.last_call = time.monotonic()
-            with contextlib.suppress(OSError):  # a caller that left gets no answer
-                connection.send(answer)
+
+    @staticmethod
+    def _answer_call(connection: Connection, function: Callable[..., Any], lake: Lakehouse, args, kwargs) -> None:
+        call = _Call(function.__name__, connection)
+        try:
+            answer = ("ok", _run(function, lake, args, kwargs, call.job_group))
+        except Exception as error:  # noqa: BLE001 - every failure travels back to the calling run
+            if _jvm_exited(JVM_EXIT_WAIT_SECONDS if _broke_jvm_connection(error) else 0.0):
+                _exit_for_lost_jvm()  # no answer: the caller repeats the call on a new host
+            answer = ("error", _travelling(error))
+        finally:
+            call.done.set()
+        faults.crash_point(faults.HOST_BEFORE_ANSWER, function.__name__)
+        with contextlib.suppress(OSError):  # a caller that left gets no answer
+            connection.send(answer)
 
     def _exit_when_idle(self, address: str) -> None:
         while True:
