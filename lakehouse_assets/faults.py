@@ -8,8 +8,8 @@
   and waits until ``<dir>/<point>.release`` exists, to hold two real processes in an interleaving.
 
 A point a pass reaches per table is also named for one table alone, ``<point>@<table>``: a process
-with several tables in flight then holds just that table's pass there (and a Spark host's point
-for one call alone, ``<point>@<function>``).
+with several tables in flight then holds just that table's pass there. A Spark host's point is
+also named for one engine function's calls, ``<point>@<function>``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ ROW_DELTA_CRASH_POINTS = (
     KEY_INDEX_BEFORE_MANIFEST,
 )
 # The Spark host (``engine/spark_host_server.py``): a call's work done, its answer not sent yet; named
-# per call too (``host.before_answer@stage_batch``).
+# per engine function too (``host.before_answer@stage_batch``).
 HOST_BEFORE_ANSWER = "host.before_answer"
 # `lakehouse serve`: a group of requests' file written and fsynced under its temporary name; its
 # idempotency keys journaled; renamed into place, the requests not answered yet.
@@ -97,7 +97,8 @@ class InjectedFault(RuntimeError):
 
 def crash_point(name: str, subject: str | None = None) -> None:
     """Die, fail or pause here when the environment names this point; otherwise do nothing. A point
-    passed on one ``subject`` (a table, a host's call) is also named for that subject alone: ``<point>@<subject>``."""
+    passed on one ``subject`` (a table, an engine function) is also named for that subject alone:
+    ``<point>@<subject>``."""
     named = {name} if subject is None else {name, at(name, subject)}
     if os.environ.get(CRASH_ENV) in named:
         os.kill(os.getpid(), signal.SIGKILL)

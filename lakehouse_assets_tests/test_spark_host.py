@@ -192,13 +192,19 @@ def test_a_killed_host_or_jvm_between_calls_is_replaced_by_the_next_call(lake, s
         assert list(scratch.rglob("*.jar")) == [], victim
 
 
-def test_a_host_told_to_stop_during_a_call_answers_it_and_exits_cleanly(lake, monkeypatch, tmp_path, stops_hosts):
-    """Held with its call's work done and the answer not yet sent, the latest point of a call: a
-    host that counted the call finished before answering it exited there and lost the answer."""
+# Where the call is held when the host is told to stop: in the middle of its Spark work, and with
+# its work done and its answer not sent yet (a host that counted the call finished before answering
+# it once exited there under load and lost the answer).
+STOP_POINTS = (faults.WRITER_AFTER_STAGING, faults.at(faults.HOST_BEFORE_ANSWER, stage_batch.__name__))
+
+
+@pytest.mark.parametrize("point", STOP_POINTS)
+def test_a_host_told_to_stop_during_a_call_answers_it_and_exits_cleanly(
+    lake, monkeypatch, tmp_path, stops_hosts, point
+):
     stream = lake.stream("orders")
     land_events(lake.paths, stream, [order_event(i) for i in range(1, 31)])
     batch, _ = mint_next_batch(lake, stream, drain=True)
-    point = faults.at(faults.HOST_BEFORE_ANSWER, stage_batch.__name__)
     monkeypatch.setenv(faults.PAUSE_DIR_ENV, str(tmp_path))
     monkeypatch.setenv(faults.PAUSE_ENV, point)
     host = call_on_host(lake, _process_id)
@@ -209,11 +215,12 @@ def test_a_host_told_to_stop_during_a_call_answers_it_and_exits_cleanly(lake, mo
         deadline = time.monotonic() + 120
         while not (tmp_path / f"{point}.paused").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert (tmp_path / f"{point}.paused").exists(), f"the call never reached {point}"
         os.kill(host, signal.SIGTERM)  # mid-call: the host takes no new call, then answers this one
         while host_pid(lake) is not None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert host_pid(lake) is None, "a stopping host must take no new calls"
-        time.sleep(1.0)  # a host that no longer counted the call would exit meanwhile (it polls every 0.1 s)
+        assert _exit_status(host, timeout=1.0) is None, "a stopping host waits for the call it has not answered"
         (tmp_path / f"{point}.release").touch()
         staging.result(timeout=120)
 
@@ -247,10 +254,15 @@ def test_a_host_that_does_not_answer_within_the_call_timeout_is_killed(tmp_path,
 
 def _exit_status(pid: int, timeout: float = 60.0) -> int | None:
     """The exit code of a host this test process started (its child), waiting up to ``timeout``
-    seconds for it; None if it still runs (a host that was to exit or be killed idles for 10 min)."""
+    seconds for it; None if it still runs (a host that was to exit or be killed idles for 10 min).
+    A host that exited while this process started another is reaped by that start (``subprocess``
+    reaps the processes of dropped ``Popen`` objects), and its exit code is lost: a failure."""
     deadline = time.monotonic() + timeout
     while True:
-        exited, status = os.waitpid(pid, os.WNOHANG)
+        try:
+            exited, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            raise AssertionError(f"host {pid} exited and a later host's start reaped it: exit code lost") from None
         if exited:
             return os.waitstatus_to_exitcode(status)
         if time.monotonic() >= deadline:

@@ -66,6 +66,9 @@ class _Host:
                 if not self.stopping.is_set():
                     print(f"refused a connection: {refused}", flush=True)
                 continue
+            # In flight from here until its answer is sent: a stopping host exits once none is.
+            with self.guard:
+                self.in_flight += 1
             threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
         self._finish_calls_and_exit(address)
 
@@ -89,37 +92,40 @@ class _Host:
         os._exit(0)  # the JVM exits when this process's pipe to it closes
 
     def _answer(self, connection: Connection) -> None:
-        with connection:
-            try:
-                request = connection.recv()
-            except EOFError:
-                return
-            if request is None:
-                connection.send(os.getpid())
-                return
-            function, lake, args, kwargs = request
+        """Answer one accepted connection: a call, or the question of this host's process id (which
+        is not a call: it never keeps a host from its idle exit)."""
+        try:
+            with connection:
+                try:
+                    request = connection.recv()
+                except EOFError:
+                    return
+                if request is None:
+                    connection.send(os.getpid())
+                    return
+                function, lake, args, kwargs = request
+                try:
+                    self._answer_call(connection, function, lake, args, kwargs)
+                finally:
+                    with self.guard:
+                        self.last_call = time.monotonic()
+        finally:
             with self.guard:
-                self.in_flight += 1
-            # A call is in flight until its answer is sent: a stopping host exits once none is.
-            try:
-                self._answer_call(connection, function, lake, args, kwargs)
-            finally:
-                with self.guard:
-                    self.in_flight -= 1
-                    self.last_call = time.monotonic()
+                self.in_flight -= 1
 
     @staticmethod
     def _answer_call(connection: Connection, function: Callable[..., Any], lake: Lakehouse, args, kwargs) -> None:
         call = _Call(function.__name__, connection)
         try:
-            answer = ("ok", _run(function, lake, args, kwargs, call.job_group))
+            result = _run(function, lake, args, kwargs, call.job_group)
+            faults.crash_point(faults.HOST_BEFORE_ANSWER, function.__name__)
+            answer = ("ok", result)
         except Exception as error:  # noqa: BLE001 - every failure travels back to the calling run
             if _jvm_exited(JVM_EXIT_WAIT_SECONDS if _broke_jvm_connection(error) else 0.0):
                 _exit_for_lost_jvm()  # no answer: the caller repeats the call on a new host
             answer = ("error", _travelling(error))
         finally:
             call.done.set()
-        faults.crash_point(faults.HOST_BEFORE_ANSWER, function.__name__)
         with contextlib.suppress(OSError):  # a caller that left gets no answer
             connection.send(answer)
 
