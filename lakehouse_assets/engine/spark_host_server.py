@@ -101,7 +101,8 @@ class _Host:
                 except EOFError:
                     return
                 if request is None:
-                    connection.send(os.getpid())
+                    with contextlib.suppress(OSError):  # the asking process may have gone already
+                        connection.send(os.getpid())
                     return
                 function, lake, args, kwargs = request
                 try:
