@@ -49,10 +49,13 @@ unit: $(BIN)/lakehouse
 ui: $(BIN)/lakehouse
 	$(BIN)/python -m lakehouse_assets.runtime.instance_settings
 	# The HTTP source runs beside the UI and stops with it (without streams that accept HTTP it
-	# says so and exits). SIGINT back to its default for dagster dev: started in the background
-	# (`make ui &`, a script), it is ignored, and dagster dev, which takes SIGTERM as SIGINT, would
-	# then ignore both.
-	$(BIN)/lakehouse serve --port $(HTTP_PORT) & server=$$!; trap 'kill $$server 2>/dev/null' EXIT INT TERM; \
+	# says so and exits), and so does the home's Spark host once dagster dev has ended (it answers
+	# its calls in flight first; a process of its own, it would otherwise idle on for
+	# spark_host.idle_timeout). SIGINT back to its default for dagster dev: started in the
+	# background (`make ui &`, a script), it is ignored, and dagster dev, which takes SIGTERM as
+	# SIGINT, would then ignore both.
+	$(BIN)/lakehouse serve --port $(HTTP_PORT) & server=$$!; trap 'kill $$server 2>/dev/null' INT TERM; \
+	trap 'kill $$server 2>/dev/null; $(BIN)/lakehouse spark-host stop' EXIT; \
 	env --default-signal=INT $(BIN)/dagster dev -w workspace.yaml -p $(PORT)
 
 bench: $(BIN)/lakehouse

@@ -15,19 +15,19 @@ import yaml
 
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events
+from lakehouse_assets.cli import main as cli
 from lakehouse_assets.commit.recovery import lakehouse_commits
 from lakehouse_assets.config.loader import load_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
 from lakehouse_assets.engine.spark import MASTER_ENV
-from lakehouse_assets.engine.spark_host import RemoteCallError, SparkHostError, call_on_host, host_pid
+from lakehouse_assets.engine.spark_host import RemoteCallError, SparkHostError, call_on_host, host_pid, stop_hosts
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets.locks import lock_if_free
 from lakehouse_assets_tests.conftest import order_event, write_config
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
@@ -39,10 +39,7 @@ def stops_hosts(lake):
     """Stops the home's Spark hosts after the test, as their idle timeout would later: every host
     that runs or is still starting holds its alive lock."""
     yield
-    for alive in lake.paths.state.glob("*.alive"):
-        with lock_if_free(alive) as free:
-            if not free:
-                os.kill(int(alive.read_text().split()[0]), signal.SIGTERM)
+    stop_hosts(lake, wait_seconds=0)
 
 
 def _landing_tick(config, instance, until_idle=True, stream="orders") -> dg.SensorResult:
@@ -230,6 +227,17 @@ def test_a_host_told_to_stop_during_a_call_answers_it_and_exits_cleanly(
     assert "SIGTERM: taking no new calls" in text and "stopped" in text and "Traceback" not in text
     assert text.count("stage_batch in ") == 1, "the call was answered, not repeated on a new host"
     assert call_on_host(lake, _process_id) != host, "the next call starts a new host"
+
+
+def test_lakehouse_spark_host_stop_stops_the_homes_host_cleanly(lake, stops_hosts, capsys):
+    """What ``make ui`` runs as it ends, so that the host's JVM does not idle on for its timeout."""
+    host = call_on_host(lake, _process_id)
+
+    assert cli.main(["spark-host", "stop"]) == 0
+    assert capsys.readouterr().out == f"stopped the Spark host {host}\n"
+    assert _exit_status(host) == 0
+    assert cli.main(["spark-host", "stop"]) == 0
+    assert capsys.readouterr().out == "no Spark host runs for this home\n"
 
 
 def _sleep(_spark, _lake, seconds: float) -> None:

@@ -34,6 +34,7 @@ DOING = {
     "audit_publish": "publishing the audited snapshot",
     "audit_discard": "discarding the audited commits",
     "sql": "querying the tables",
+    "spark_host_stop": "stopping the Spark hosts",
     "demo": "running the demo",
 }
 """What each command was doing, for the one line a full or read-only file system ends it with."""
@@ -97,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     discard = audit.add_parser("discard", help="drop the audited commits; their batches are staged again")
     discard.add_argument("--table", required=True, help="namespace.table")
     discard.set_defaults(handler="audit_discard")
+    host = commands.add_parser("spark-host", help="the home's warm Spark driver").add_subparsers(
+        dest="host_command", required=True
+    )
+    stop = host.add_parser("stop", help="stop the home's Spark hosts now: each answers its calls in flight, then exits")
+    stop.set_defaults(handler="spark_host_stop")
 
     sql = commands.add_parser(
         "sql",
@@ -154,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
 
             serve(Lakehouse.from_env(), args.host, args.port)
             return 0
+        if args.handler == "spark_host_stop":  # no Dagster, no JVM
+            return _stop_spark_hosts(Lakehouse.from_env())
         if args.handler == "sql":  # DuckDB only: no Dagster to import
             from lakehouse_assets.ops.sql import sql_session
 
@@ -176,6 +184,18 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"lakehouse: {error}", file=sys.stderr)
         return 2
+
+
+def _stop_spark_hosts(lake: Lakehouse) -> int:
+    """``lakehouse spark-host stop``: one line per host stopped, 1 if one still runs after the wait."""
+    from lakehouse_assets.engine.spark_host import stop_hosts
+
+    stopped = stop_hosts(lake)
+    if not stopped:
+        print("no Spark host runs for this home")
+    for pid, exited in stopped.items():
+        print(f"stopped the Spark host {pid}" if exited else f"the Spark host {pid} still runs (SIGTERM sent)")
+    return 0 if all(stopped.values()) else 1
 
 
 def _written() -> list[Path]:

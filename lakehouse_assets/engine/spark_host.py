@@ -30,6 +30,7 @@ This module is the calling side; the host itself is ``spark_host_server``.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -60,6 +61,9 @@ CODE_CHANGED_EXIT = 3
 JVM_GONE_EXIT = 4
 HOST_ATTEMPTS = 3
 """Hosts one engine call is tried on before its run fails: a dead host is replaced and the call repeated."""
+STOP_TIMEOUT_SECONDS = 120.0
+"""How long a host told to stop (SIGTERM, SIGINT) waits for its calls in flight before it exits."""
+ALIVE_SUFFIX = ".alive"
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +130,7 @@ def _connect(address: str, key: bytes) -> Connection | None:
 def _alive_lock(lake: Lakehouse, address: str) -> Path:
     """The lock a host of ``address`` holds from its spawn to its exit; it holds the host's process
     id and spawn time."""
-    return lake.paths.state / f"{Path(address).stem}.alive"
+    return lake.paths.state / f"{Path(address).stem}{ALIVE_SUFFIX}"
 
 
 def _host_running(lake: Lakehouse, address: str) -> bool:
@@ -264,3 +268,28 @@ def host_pid(lake: Lakehouse) -> int | None:
     with connection:
         connection.send(None)
         return connection.recv()
+
+
+def stop_hosts(lake: Lakehouse, wait_seconds: float = STOP_TIMEOUT_SECONDS + 5) -> dict[int, bool]:
+    """SIGTERM every Spark host of the home (the current code's, and older ones idling out), as an
+    operator would: each takes no new call, answers its calls in flight and exits. Waits up to
+    ``wait_seconds`` for them; returns each stopped host's process id and whether it has exited."""
+    stopped: dict[int, Path] = {}
+    for alive in sorted(lake.paths.state.glob(f"*{ALIVE_SUFFIX}")):
+        with lock_if_free(alive) as free:
+            running = not free
+        if running:  # the lock names the host that holds it
+            pid = int(alive.read_text().split()[0])
+            with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+                os.kill(pid, signal.SIGTERM)
+            stopped[pid] = alive
+    deadline = time.monotonic() + wait_seconds
+    exited = dict.fromkeys(stopped, False)
+    while True:
+        for pid, alive in stopped.items():
+            if not exited[pid]:
+                with lock_if_free(alive) as free:
+                    exited[pid] = free
+        if all(exited.values()) or time.monotonic() >= deadline:
+            return exited
+        time.sleep(POLL_SECONDS)

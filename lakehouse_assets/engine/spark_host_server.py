@@ -25,14 +25,13 @@ from lakehouse_assets.engine.spark_host import (
     CODE_CHANGED_EXIT,
     JVM_GONE_EXIT,
     POLL_SECONDS,
+    STOP_TIMEOUT_SECONDS,
     RemoteCallError,
     authkey,
     code_stamp,
 )
 from lakehouse_assets.lakehouse import Lakehouse
 
-STOP_TIMEOUT_SECONDS = 120.0
-"""How long a host told to stop (SIGTERM, SIGINT) waits for its calls in flight before it exits."""
 CALLER_POLL_SECONDS = 0.5
 """How often a call in progress looks whether its caller is still there."""
 JVM_EXIT_WAIT_SECONDS = 2.0
