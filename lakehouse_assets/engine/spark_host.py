@@ -162,6 +162,15 @@ def _spawn(lake: Lakehouse, address: str) -> subprocess.Popen:
     return host
 
 
+def _holder(alive: Path) -> int | None:
+    """The process id of the host holding the alive lock ``alive``; None while its spawn is still
+    writing it."""
+    try:
+        return int(alive.read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+
+
 def _last_spawned_at(lake: Lakehouse, address: str) -> float:
     try:
         return float(_alive_lock(lake, address).read_text().split()[1])
@@ -249,11 +258,9 @@ def call_on_host(lake: Lakehouse, function: Callable[..., Any], *args: Any, **kw
 def _kill_hung_host(lake: Lakehouse) -> None:
     """SIGKILL the home's host, known by the alive lock it holds (so no other process's id)."""
     address = host_address(lake)
-    if _host_running(lake, address):
-        try:
-            os.kill(int(_alive_lock(lake, address).read_text().split()[0]), signal.SIGKILL)
-        except (ProcessLookupError, ValueError, IndexError):
-            pass  # it exited meanwhile
+    if _host_running(lake, address) and (pid := _holder(_alive_lock(lake, address))) is not None:
+        with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+            os.kill(pid, signal.SIGKILL)
 
 
 def _log_file(lake: Lakehouse) -> Path:
@@ -278,8 +285,7 @@ def stop_hosts(lake: Lakehouse, wait_seconds: float = STOP_TIMEOUT_SECONDS + 5) 
     for alive in sorted(lake.paths.state.glob(f"*{ALIVE_SUFFIX}")):
         with lock_if_free(alive) as free:
             running = not free
-        if running:  # the lock names the host that holds it
-            pid = int(alive.read_text().split()[0])
+        if running and (pid := _holder(alive)) is not None:
             with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
                 os.kill(pid, signal.SIGTERM)
             stopped[pid] = alive
