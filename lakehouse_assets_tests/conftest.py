@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -250,22 +249,19 @@ def unit_tier_starts_no_jvm(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def no_spark_host_outlives_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Stop the Spark host that a test's runs started for its home (a job executed in-process with
-    the definitions' resources calls the host): it would otherwise idle with its JVM for
-    ``spark_host.idle_timeout`` after the test. A host the test killed leaves only its socket file,
-    which is removed. Torn down before ``monkeypatch``, so the test's ``LAKEHOUSE_HOME`` and
-    ``LAKEHOUSE_CONFIG`` are still set."""
+    """Stop the Spark hosts that a test's runs started for its home (a job executed in-process with
+    the definitions' resources calls the host), as ``lakehouse spark-host stop`` does but without
+    waiting: they would otherwise idle with their JVMs for ``spark_host.idle_timeout`` after the
+    test. A host the test killed leaves only its socket file, which is removed. Torn down before
+    ``monkeypatch``, so the test's ``LAKEHOUSE_HOME`` and ``LAKEHOUSE_CONFIG`` are still set."""
     yield
     if not (os.environ.get("LAKEHOUSE_HOME") and os.environ.get("LAKEHOUSE_CONFIG")):
         return
-    from lakehouse_assets.engine.spark_host import host_address, host_pid
+    from lakehouse_assets.engine.spark_host import host_address, stop_hosts
 
     try:
         lake = Lakehouse.from_env()
-        pid = host_pid(lake)
     except Exception:  # noqa: BLE001 - a test's home or configuration may be gone or invalid
         return
-    if pid is not None:
-        os.kill(pid, signal.SIGTERM)
-    else:
+    if not stop_hosts(lake, wait_seconds=0):
         Path(host_address(lake)).unlink(missing_ok=True)
