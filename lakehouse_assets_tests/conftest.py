@@ -9,6 +9,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import dagster as dg
 import pytest
@@ -39,6 +40,9 @@ from lakehouse_assets_tests.postgres_server import (
     postgres_server,
 )
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 # Tests start many short-lived JVMs (cold pipeline processes, often killed; Spark hosts; servers)
 # for small jobs: with the JIT's first tier only, and the serial collector, they start faster and
 # leave the two cores to the work instead of the optimizing compiler. Set for the whole session, so
@@ -46,7 +50,16 @@ from lakehouse_assets_tests.postgres_server import (
 # wins.
 JAVA_OPTIONS_ENV = "JAVA_TOOL_OPTIONS"
 SPARK_SCRATCH_ENV = "SPARK_LOCAL_DIRS"
-SUITE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# The tests' batches are tens of rows: generating Java for every plan and expression and compiling
+# it costs more than it saves there. Spark evaluates them interpreted instead (its own test suites
+# run both ways and hold them equal), set as system properties, which every SparkConf reads: about
+# a tenth less CPU for a round (docs/benchmarks.md). The hostile-input property tests and the demo
+# run generated code, as users do (``generate_code``).
+INTERPRETED_SPARK = {"spark.sql.codegen.factoryMode": "NO_CODEGEN", "spark.sql.codegen.wholeStage": "false"}
+GENERATED_SPARK = {"spark.sql.codegen.factoryMode": "FALLBACK", "spark.sql.codegen.wholeStage": "true"}
+SUITE_JAVA_OPTIONS = " ".join(
+    ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", *(f"-D{key}={value}" for key, value in INTERPRETED_SPARK.items())]
+)
 os.environ.setdefault(JAVA_OPTIONS_ENV, SUITE_JAVA_OPTIONS)
 # A test process's own JVM has PostgreSQL's JDBC driver (at the end of its class path), so the JDBC
 # catalog tests run their rounds on it, warm, as the other fault tests do. The ``lakehouse``
@@ -54,6 +67,14 @@ os.environ.setdefault(JAVA_OPTIONS_ENV, SUITE_JAVA_OPTIONS)
 # driver comes from the config's ``spark.jars``, as a user's does.
 if (jdbc_driver := jdbc_driver_class_path()) is not None:
     os.environ.setdefault(TEST_JVM_CLASS_PATH_ENV, jdbc_driver)
+
+
+def generate_code(session: SparkSession) -> SparkSession:
+    """``session`` with Spark's defaults, generated code for its plans and expressions, instead of
+    the suite's interpreted evaluation (``INTERPRETED_SPARK``)."""
+    for key, value in GENERATED_SPARK.items():
+        session.conf.set(key, value)
+    return session
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -23,7 +23,7 @@ from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_pipeline_until_idle, run_until_idle
-from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
+from lakehouse_assets_tests.conftest import ORDERS_STREAM, generate_code, order_event, write_config
 from lakehouse_assets_tests.test_parsed_lines import line_read_alike
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
@@ -307,14 +307,15 @@ def hostile_line(draw, event_id: int, wrappings: list[str]) -> bytes:
 @pytest.fixture(scope="module")
 def hostile_home(tmp_path_factory):
     """One home, with the hostile stream's table, for all examples: each end-to-end example lands
-    one more batch."""
+    one more batch. Its session generates code, as a user's does: how Spark evaluates hostile
+    values is these tests' subject."""
     home = tmp_path_factory.mktemp("hostile")
     (home / "lakehouse.yaml").write_text(json.dumps({"streams": [HOSTILE_STREAM]}))
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("LAKEHOUSE_HOME", str(home / "lakehouse"))
         monkeypatch.setenv("LAKEHOUSE_CONFIG", str(home / "lakehouse.yaml"))
         lake = Lakehouse.from_env()
-        spark = lakehouse_session(lake)
+        spark = generate_code(lakehouse_session(lake))
         ensure_table(spark, lake, lake.stream("hostile"), list)
         yield lake, spark, Counter()
 
