@@ -2,7 +2,9 @@
 or a dead letter with a reason, and the pipeline goes on (issue: hostile input is normal input)."""
 
 import json
+import tempfile
 from collections import Counter
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -21,6 +23,7 @@ from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.parsed_lines import read_parsed_events
 from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.ingest.table_commits import commit_table
+from lakehouse_assets.jvm.column_cache import cached_columns
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_pipeline_until_idle, run_until_idle
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, generate_code, order_event, write_config
@@ -350,20 +353,25 @@ def test_any_line_becomes_a_row_or_a_dead_letter_and_never_fails_the_job(hostile
     assert not [reason for _, _, reason, _ in dead if reason.startswith(SPARK_FAILURE)]
 
 
+# The conversion's expressions with every field parsed as text (``TYPED_PARSE_TYPES`` empty), built
+# once per JVM as the cached ones are; called only with that patched in, so its cache holds them alone.
+TEXT_ONLY_CONVERSION = cached_columns(conversion._conversion.__wrapped__)
+
 # Landing files per example of the conversion property: each example converts them all in one
-# Spark pass per reading, so 8 examples check 48 batches (the end-to-end test checked 12 before).
-FILES_PER_EXAMPLE = 6
+# Spark pass per reading, so 4 examples check 48 batches (the end-to-end test checked 12 before). An
+# example costs its passes' planning more than its lines: 8 examples of 6 files took half as long again.
+FILES_PER_EXAMPLE = 12
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_line_converts_to_a_row_or_a_reason_alike_whichever_way_it_is_read(hostile_home, data, tmp_path):
     """The conversion alone, on many batches: every non-blank line of every file is one row or one
     rejected event; parsing every field as text gives the same rows and reasons as the typed parse
     (a shortcut only), and so does Spark's JSON file reader wherever it reads the lines alike."""
     lake, spark, _ = hostile_home
-    example = tmp_path / f"example-{data.draw(st.uuids()).hex}"
-    example.mkdir()
+    # A directory of its own (hypothesis may run an example twice: a name drawn from it can repeat).
+    example = Path(tempfile.mkdtemp(prefix="example-", dir=tmp_path))
     wrappings = READ_ALIKE + (READ_OTHERWISE if data.draw(st.booleans()) else [])
     files, lines = [], []
     for number in range(FILES_PER_EXAMPLE):
@@ -379,7 +387,7 @@ def test_any_line_converts_to_a_row_or_a_reason_alike_whichever_way_it_is_read(h
     assert len(typed_first) == sum(1 for line in lines if line.strip(b" \t\r")), "one row or reason per line"
     # Every field parsed as text: the conversion's columns built anew (its cached ones parse typed).
     text_only = mock.patch.object(conversion, "TYPED_PARSE_TYPES", ())
-    with text_only, mock.patch.object(conversion, "_conversion", conversion._conversion.__wrapped__):
+    with text_only, mock.patch.object(conversion, "_conversion", TEXT_ONLY_CONVERSION):
         assert _converted(spark, lake, files, example / "text") == typed_first
     from_text, from_files = _converted_from_files(spark, lake, files, example / "files")
     assert (from_files is not None) == all(map(line_read_alike, lines))
