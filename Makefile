@@ -12,7 +12,7 @@ UV_VERSION := 0.13.9
 # where the machine has it: thousands of small files and fsyncs, about 8 % of a fault file's time.
 TEST_TMPDIR ?= $(if $(wildcard /dev/shm/.),/dev/shm,$(or $(TMPDIR),/tmp))
 
-.PHONY: run kafka-demo test unit ui lint bench clean
+.PHONY: run kafka-demo object-store-demo test unit ui lint bench clean
 
 # uv installs the packages (downloads in parallel): about half of pip's time from a cold cache
 # (docs/benchmarks.md). It reads its own settings, not pip's: behind a package mirror, set
@@ -36,6 +36,14 @@ KAFKA_EVENTS ?= 200000
 kafka-demo: $(BIN)/lakehouse
 	LAKEHOUSE_HOME=$(LAKEHOUSE_HOME)/kafka-demo DAGSTER_HOME=$(LAKEHOUSE_HOME)/kafka-demo/dagster \
 	  $(BIN)/lakehouse demo --kafka --events $(KAFKA_EVENTS)
+
+# The tables on a local S3-compatible store (S3Proxy) and in a local Iceberg REST catalog (Iceberg's
+# own server), both fetched with Maven once, configured as docs/deploy.md writes it. The servers
+# stay up afterwards for `lakehouse sql`, `lakehouse check` and `make ui` from another shell, until
+# Ctrl-C.
+object-store-demo: $(BIN)/lakehouse
+	LAKEHOUSE_HOME=$(LAKEHOUSE_HOME)/object-store-demo DAGSTER_HOME=$(LAKEHOUSE_HOME)/object-store-demo/dagster \
+	  $(BIN)/lakehouse demo --object-store --keep-running
 
 # mypy (10 s on one core) runs beside the tests' first step, the class-data archive's build (a
 # JVM on about one and a half cores); its verdict counts as the tests' does.

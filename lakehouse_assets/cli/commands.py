@@ -11,6 +11,7 @@ import dagster as dg
 from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.cli.demo import run_demo
 from lakehouse_assets.cli.kafka_demo import run_kafka_demo
+from lakehouse_assets.cli.object_store_demo import run_object_store_demo
 from lakehouse_assets.cli.status import lakehouse_status
 from lakehouse_assets.commit.tables import require_static_tables
 from lakehouse_assets.config.loader import load_config
@@ -329,4 +330,6 @@ def audit_discard(args: argparse.Namespace) -> int:
 
 
 def demo(args: argparse.Namespace) -> int:
+    if args.object_store:
+        return run_object_store_demo(args.events, args.keep_running)
     return run_kafka_demo(args.events) if args.kafka else run_demo(args.events)

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.cli.status import lakehouse_status
 from lakehouse_assets.commit.dead_letters import dead_letter_identifier
+from lakehouse_assets.config.loader import CONFIG_ENV
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.engine.spark import start_jvm_in_background
 from lakehouse_assets.lakehouse import Lakehouse
@@ -78,8 +79,6 @@ def run_demo(events: int) -> int:
     print(f'\nThe broken event and its reason: lakehouse sql "{query}"')
     connection = connect(lake)
     write_result(run_query(connection, query, view_names(connection)), "table")
-    print(
-        f"Open the Dagster UI on the same instance: make ui "
-        f"(DAGSTER_HOME={os.environ['DAGSTER_HOME']} dagster dev -w workspace.yaml)"
-    )
+    settings = [f"{name}={os.environ[name]}" for name in ("DAGSTER_HOME", CONFIG_ENV) if os.environ.get(name)]
+    print(f"Open the Dagster UI on the same instance: make ui ({' '.join(settings)} dagster dev -w workspace.yaml)")
     return 1 if report.failed else 0

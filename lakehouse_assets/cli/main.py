@@ -122,10 +122,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="generate sample events, run until idle, summarize")
     demo.add_argument("--events", type=int, default=10_000)
-    demo.add_argument(
+    scenario = demo.add_mutually_exclusive_group()
+    scenario.add_argument(
         "--kafka",
         action="store_true",
         help="the Kafka scenario: a local broker (Maven's jars), a 32-partition topic of ticks, the pipeline on it",
+    )
+    scenario.add_argument(
+        "--object-store",
+        action="store_true",
+        help="the tables on a local S3-compatible store and in a local Iceberg REST catalog (Maven's jars)",
+    )
+    demo.add_argument(
+        "--keep-running", action="store_true", help="with --object-store: keep the servers up afterwards, until Ctrl-C"
     )
     demo.set_defaults(handler="demo")
     return parser
@@ -141,7 +150,10 @@ def _timestamp(text: str) -> datetime:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command ``argv`` names (default: this process's arguments); returns its exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.handler == "demo" and args.keep_running and not args.object_store:
+        parser.error("--keep-running keeps the servers of --object-store running: give both")
     jvm_starting: threading.Thread | None = None
     try:
         if args.handler == "run" and args.until_idle:

@@ -26,12 +26,15 @@ from pyarrow import fs
 from pyiceberg.catalog import Catalog, load_catalog
 
 from lakehouse_assets import faults
+from lakehouse_assets.cli.object_store_demo import CONFIG_FILE, KEY_ID_ENV, demo_on
+from lakehouse_assets.cli.object_store_demo import SECRET_ENV as DEMO_SECRET_ENV
 from lakehouse_assets.commit.key_index import MANIFEST
+from lakehouse_assets.config.loader import CONFIG_ENV
 from lakehouse_assets.jvm.connectors import S3_COMPATIBLE_ENV
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.rest_catalog_server import LocalRestCatalog
 from lakehouse_assets.ops.s3_server import LocalS3Server
-from lakehouse_assets.paths import STORAGE_ROOT_ENV
+from lakehouse_assets.paths import STORAGE_ROOT_ENV, LakehousePaths
 from lakehouse_assets_tests.conftest import OBJECT_STORE_BUCKET, kill_session_server
 from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
 from lakehouse_assets_tests.fault_injection.faulty_store import FaultyStoreProxy
@@ -309,3 +312,32 @@ def test_maintenance_on_the_store_compacts_expires_and_removes_orphans_and_loses
     assert "remove_orphan_files.orphan_files_left: 0" in completed.stdout, completed.stdout
     assert store.get_file_info(planted.removeprefix("s3://")).type == fs.FileType.NotFound
     assert_every_batch_once(lake)  # every file the tables reference is still on the store
+
+
+def test_the_object_store_demo_runs_on_the_deploy_pages_catalog_map_with_its_keys_named_not_written(
+    rest_catalog, s3_server, tmp_path, monkeypatch, capsys
+):
+    """``lakehouse demo --object-store``'s demo, on this session's servers instead of its own (which
+    start as the session's fixtures start theirs): the tables are the catalog's, on the store,
+    DuckDB reads them there, and the configuration names the store's keys without holding them."""
+    client, tables = _tables(rest_catalog)
+    for identifier in tables:  # the demo's sales.orders is another table than the fault pipeline's
+        client.drop_table(identifier)
+    home = tmp_path / "demo"
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))
+    for name in (CONFIG_ENV, KEY_ID_ENV, DEMO_SECRET_ENV):  # set by the demo, restored after the test
+        monkeypatch.setenv(name, "")
+
+    assert demo_on(rest_catalog, 50, LakehousePaths.from_env()) == 0
+
+    printed = capsys.readouterr().out
+    assert "DuckDB reads 50 rows from sales.orders" in printed, printed
+    assert "missing required field 'order_id'" in printed, printed  # the broken event, read on the store
+    written = (home / CONFIG_FILE).read_text()
+    catalog = yaml.safe_load(written)["catalog"]
+    assert (catalog["type"], catalog["uri"], catalog["s3.endpoint"]) == ("rest", rest_catalog.uri, s3_server.endpoint)
+    assert catalog["s3.secret-access-key"] == f"${{env:{DEMO_SECRET_ENV}}}"
+    assert s3_server.secret_access_key not in written
+    assert _tables(rest_catalog)[1]["sales.orders"].startswith(f"s3://{OBJECT_STORE_BUCKET}/")
+    assert not (home / "warehouse").exists()
