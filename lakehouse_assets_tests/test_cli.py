@@ -122,3 +122,10 @@ def test_instance_settings_copied_before_the_run_launcher_moved_are_updated_in_p
     updated = dg.DagsterInstance.from_config(str(home)).run_launcher
     assert type(updated).__name__ == "LivenessCheckingRunLauncher"
     assert ensure_instance_settings(home) is None
+
+
+def test_lakehouse_demo_keep_running_without_the_object_store_is_refused_naming_both(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--keep-running"])
+    assert exit_info.value.code == 2
+    assert "--keep-running keeps the servers of --object-store running" in capsys.readouterr().err

@@ -385,7 +385,7 @@ def test_any_line_converts_to_a_row_or_a_reason_alike_whichever_way_it_is_read(h
 
     typed_first = _converted(spark, lake, files, example / "typed")
     assert len(typed_first) == sum(1 for line in lines if line.strip(b" \t\r")), "one row or reason per line"
-    # Every field parsed as text: the conversion's columns built anew (its cached ones parse typed).
+    # Every field parsed as text: the conversion's columns from their own cache (the usual one's parse typed).
     text_only = mock.patch.object(conversion, "TYPED_PARSE_TYPES", ())
     with text_only, mock.patch.object(conversion, "_conversion", TEXT_ONLY_CONVERSION):
         assert _converted(spark, lake, files, example / "text") == typed_first

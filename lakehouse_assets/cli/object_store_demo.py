@@ -2,14 +2,15 @@
 Iceberg REST catalog, configured as ``docs/deploy.md`` writes it, against local servers (S3Proxy
 and Iceberg's REST catalog server, from Maven's jars, keeping their objects and tables under
 ``$LAKEHOUSE_HOME/object-store``). With ``--keep-running`` the servers stay up after the demo, for
-``lakehouse sql``, ``lakehouse check`` or ``make ui`` from another shell, until Ctrl-C or SIGTERM."""
+``lakehouse sql``, ``lakehouse check`` or ``make ui`` from another shell, until Ctrl-C."""
 
 from __future__ import annotations
 
 import os
 import shlex
 import signal
-import threading
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -17,7 +18,6 @@ from pathlib import Path
 
 import yaml
 
-from lakehouse_assets.cli.demo import run_demo
 from lakehouse_assets.config.loader import CONFIG_ENV, DEMO_CONFIG_RESOURCE
 from lakehouse_assets.ops.rest_catalog_server import LocalRestCatalog, local_rest_catalog
 from lakehouse_assets.ops.s3_server import local_s3_server
@@ -25,7 +25,7 @@ from lakehouse_assets.paths import LakehousePaths
 
 BUCKET = "analytics-lake"
 WAREHOUSE = f"s3://{BUCKET}/warehouse"
-# The store's keys reach the configuration by name, as docs/deploy.md writes them: never in a file.
+# The store's keys reach the configuration by name, as docs/deploy.md writes them.
 KEY_ID_ENV = "LAKE_S3_KEY_ID"
 SECRET_ENV = "LAKE_S3_SECRET"
 CONFIG_FILE = "object-store-demo.yaml"
@@ -49,54 +49,59 @@ def object_store_config(catalog: LocalRestCatalog) -> dict:
     return {**demo, "catalog": catalog.catalog_properties() | credentials}
 
 
-def demo_on(catalog: LocalRestCatalog, events: int, paths: LakehousePaths) -> int:
-    """Write the demo's configuration for ``catalog`` into the home, give this process the store's
-    keys and ``LAKEHOUSE_CONFIG``, and run the demo (``run_demo``) on it; its exit code."""
+def demo_environment(catalog: LocalRestCatalog, paths: LakehousePaths) -> dict[str, str]:
+    """Write the demo's configuration for ``catalog`` into the home; the variables that point a
+    ``lakehouse`` command at it: the home, the configuration and the store's keys."""
     assert catalog.store is not None
     config_path = paths.home / CONFIG_FILE
-    config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(yaml.safe_dump(object_store_config(catalog), sort_keys=False))
-    os.environ[KEY_ID_ENV] = catalog.store.access_key_id
-    os.environ[SECRET_ENV] = catalog.store.secret_access_key
-    os.environ[CONFIG_ENV] = str(config_path)
-    print(f"the configuration: {config_path} (docs/deploy.md's catalog map for these servers)")
-    return run_demo(events)
+    environment = {
+        "LAKEHOUSE_HOME": str(paths.home),
+        CONFIG_ENV: str(config_path),
+        KEY_ID_ENV: catalog.store.access_key_id,
+        SECRET_ENV: catalog.store.secret_access_key,
+    }
+    if "DAGSTER_HOME" in os.environ:
+        environment["DAGSTER_HOME"] = os.environ["DAGSTER_HOME"]
+    return environment
 
 
-def write_environment(path: Path) -> None:
-    """The variables another shell needs to use the running servers' lake (the home, the
-    configuration, the store's throwaway keys), readable by this user alone: the keys are in the
-    store's own settings beside it too, and printed nowhere."""
-    names = ("LAKEHOUSE_HOME", "DAGSTER_HOME", CONFIG_ENV, KEY_ID_ENV, SECRET_ENV)
-    lines = [f"{name}={shlex.quote(os.environ[name])}\n" for name in names if name in os.environ]
+def write_environment(path: Path, environment: dict[str, str]) -> None:
+    """``environment`` as a file a shell sources, readable by this user alone."""
     path.unlink(missing_ok=True)
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
-        file.writelines(lines)
-
-
-def _wait_for_a_stop_signal() -> None:
-    """Block until SIGINT or SIGTERM."""
-    stopped = threading.Event()
-    for signal_number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signal_number, lambda *_: stopped.set())
-    stopped.wait()
+        file.writelines(f"{name}={shlex.quote(value)}\n" for name, value in environment.items())
 
 
 def run_object_store_demo(events: int, keep_running: bool) -> int:
-    """Start the local store and REST catalog, run the demo on them and, ``keep_running``, keep
-    them up until Ctrl-C or SIGTERM for commands from another shell."""
+    """Start the local store and REST catalog, run ``lakehouse demo`` on them in a process of its
+    own (its JVM ends with it) and, ``keep_running``, keep them up until Ctrl-C, SIGTERM or SIGHUP
+    for commands from another shell. The servers stop on any of those signals, demo or not."""
     paths = LakehousePaths.from_env()
+    # The servers' settings and logs hold the store's throwaway key: this user's alone.
     servers = paths.home / "object-store"
-    with object_store_servers(servers) as catalog:
-        assert catalog.store is not None
-        print(f"S3Proxy on {catalog.store.endpoint} (bucket {BUCKET}), Iceberg's REST catalog on {catalog.uri}")
-        code = demo_on(catalog, events, paths)
-        if keep_running:
-            environment = servers / "lakehouse.env"
-            write_environment(environment)
+    servers.mkdir(mode=0o700, parents=True, exist_ok=True)
+    servers.chmod(0o700)
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, signal.default_int_handler)  # as Ctrl-C: the servers' blocks end
+    code = None
+    try:
+        with object_store_servers(servers) as catalog:
+            assert catalog.store is not None
+            print(f"S3Proxy on {catalog.store.endpoint} (bucket {BUCKET}), Iceberg's REST catalog on {catalog.uri}")
+            environment = demo_environment(catalog, paths)
+            print(f"the configuration: {environment[CONFIG_ENV]} (docs/deploy.md's catalog map for these servers)")
+            demo = [sys.executable, "-m", "lakehouse_assets.cli.main", "demo", "--events", str(events)]
+            code = subprocess.run(demo, env=os.environ | environment, check=False).returncode
+            if not keep_running:
+                print("the servers stop now; `make object-store-demo` keeps them up for your own queries")
+                return code
+            write_environment(servers / "lakehouse.env", environment)
             print("\nThe servers run until Ctrl-C. From another shell:")
-            print(f"  set -a; . {environment}; set +a")
+            print(f"  set -a; . {servers / 'lakehouse.env'}; set +a")
             print('  lakehouse sql "SELECT count(*) FROM sales.orders"; lakehouse check; make ui')
-            _wait_for_a_stop_signal()
-            print("stopping the servers")
-    return code
+            while True:
+                signal.pause()
+    except KeyboardInterrupt:
+        print("the servers are stopped")
+    return 130 if code is None else code

@@ -26,7 +26,8 @@ from pyarrow import fs
 from pyiceberg.catalog import Catalog, load_catalog
 
 from lakehouse_assets import faults
-from lakehouse_assets.cli.object_store_demo import CONFIG_FILE, KEY_ID_ENV, demo_on
+from lakehouse_assets.cli.demo import run_demo
+from lakehouse_assets.cli.object_store_demo import KEY_ID_ENV, demo_environment, write_environment
 from lakehouse_assets.cli.object_store_demo import SECRET_ENV as DEMO_SECRET_ENV
 from lakehouse_assets.commit.key_index import MANIFEST
 from lakehouse_assets.config.loader import CONFIG_ENV
@@ -317,27 +318,42 @@ def test_maintenance_on_the_store_compacts_expires_and_removes_orphans_and_loses
 def test_the_object_store_demo_runs_on_the_deploy_pages_catalog_map_with_its_keys_named_not_written(
     rest_catalog, s3_server, tmp_path, monkeypatch, capsys
 ):
-    """``lakehouse demo --object-store``'s demo, on this session's servers instead of its own (which
-    start as the session's fixtures start theirs): the tables are the catalog's, on the store,
-    DuckDB reads them there, and the configuration names the store's keys without holding them."""
+    """What ``lakehouse demo --object-store`` runs, on this session's servers instead of its own
+    (which start as the session's fixtures start theirs): the demo, in this process instead of one
+    of its own, with the environment the command gives it and writes for another shell. The tables
+    are the catalog's, on the store, DuckDB reads them there, and the configuration names the
+    store's keys without holding them."""
     client, tables = _tables(rest_catalog)
     for identifier in tables:  # the demo's sales.orders is another table than the fault pipeline's
         client.drop_table(identifier)
     home = tmp_path / "demo"
+    home.mkdir()
     monkeypatch.setenv("LAKEHOUSE_HOME", str(home))
     monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))
-    for name in (CONFIG_ENV, KEY_ID_ENV, DEMO_SECRET_ENV):  # set by the demo, restored after the test
-        monkeypatch.setenv(name, "")
+    environment = demo_environment(rest_catalog, LakehousePaths.from_env())
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
 
-    assert demo_on(rest_catalog, 50, LakehousePaths.from_env()) == 0
+    assert run_demo(50) == 0
 
     printed = capsys.readouterr().out
     assert "DuckDB reads 50 rows from sales.orders" in printed, printed
     assert "missing required field 'order_id'" in printed, printed  # the broken event, read on the store
-    written = (home / CONFIG_FILE).read_text()
+    assert s3_server.secret_access_key not in printed
+    written = Path(environment[CONFIG_ENV]).read_text()
     catalog = yaml.safe_load(written)["catalog"]
     assert (catalog["type"], catalog["uri"], catalog["s3.endpoint"]) == ("rest", rest_catalog.uri, s3_server.endpoint)
     assert catalog["s3.secret-access-key"] == f"${{env:{DEMO_SECRET_ENV}}}"
     assert s3_server.secret_access_key not in written
     assert _tables(rest_catalog)[1]["sales.orders"].startswith(f"s3://{OBJECT_STORE_BUCKET}/")
     assert not (home / "warehouse").exists()
+    # Another shell gets the same environment from the file the command writes, and no one else reads it.
+    sourced = tmp_path / "lakehouse.env"
+    write_environment(sourced, environment | {"LAKEHOUSE_HOME": str(tmp_path / "a home with 'quotes' $and spaces")})
+    assert sourced.stat().st_mode & 0o777 == 0o600
+    shell = subprocess.run(
+        ["bash", "-c", f"set -a; . {sourced}; set +a; env -0"], env={}, capture_output=True, text=True, check=True
+    )
+    seen = dict(line.split("=", 1) for line in shell.stdout.split("\0") if "=" in line)
+    assert seen[KEY_ID_ENV] == s3_server.access_key_id and seen[DEMO_SECRET_ENV] == s3_server.secret_access_key
+    assert seen["LAKEHOUSE_HOME"] == str(tmp_path / "a home with 'quotes' $and spaces")
