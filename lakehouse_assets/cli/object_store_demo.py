@@ -6,11 +6,13 @@ and Iceberg's REST catalog server, from Maven's jars, keeping their objects and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -29,6 +31,10 @@ WAREHOUSE = f"s3://{BUCKET}/warehouse"
 KEY_ID_ENV = "LAKE_S3_KEY_ID"
 SECRET_ENV = "LAKE_S3_SECRET"
 CONFIG_FILE = "object-store-demo.yaml"
+# This process waits in steps of this long, never in one blocking call: a stop signal may reach
+# another of its threads (the AWS SDK's event loop, say), and Python runs the handler only when the
+# main thread next runs Python code. A wait with ``signal.pause()`` missed a Ctrl-C that way.
+WAKE_SECONDS = 1.0
 
 
 @contextmanager
@@ -73,6 +79,19 @@ def write_environment(path: Path, environment: dict[str, str]) -> None:
         file.writelines(f"{name}={shlex.quote(value)}\n" for name, value in environment.items())
 
 
+def _run_to_its_end(command: list[str], environment: dict[str, str]) -> int:
+    """Run ``command`` and return its exit code; a stop signal that ends the wait kills it."""
+    process = subprocess.Popen(command, env=environment)
+    try:
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return process.wait(timeout=WAKE_SECONDS)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def run_object_store_demo(events: int, keep_running: bool) -> int:
     """Start the local store and REST catalog, run ``lakehouse demo`` on them in a process of its
     own (its JVM ends with it) and, ``keep_running``, keep them up until Ctrl-C, SIGTERM or SIGHUP
@@ -82,8 +101,10 @@ def run_object_store_demo(events: int, keep_running: bool) -> int:
     servers = paths.home / "object-store"
     servers.mkdir(mode=0o700, parents=True, exist_ok=True)
     servers.chmod(0o700)
-    for stop in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(stop, signal.default_int_handler)  # as Ctrl-C: the servers' blocks end
+    # Each ends the servers' blocks as Ctrl-C does; SIGINT too, which a shell's background job
+    # starts with ignored (Python then installs no handler of its own for it).
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, signal.default_int_handler)
     code = None
     try:
         with object_store_servers(servers) as catalog:
@@ -92,7 +113,7 @@ def run_object_store_demo(events: int, keep_running: bool) -> int:
             environment = demo_environment(catalog, paths)
             print(f"the configuration: {environment[CONFIG_ENV]} (docs/deploy.md's catalog map for these servers)")
             demo = [sys.executable, "-m", "lakehouse_assets.cli.main", "demo", "--events", str(events)]
-            code = subprocess.run(demo, env=os.environ | environment, check=False).returncode
+            code = _run_to_its_end(demo, os.environ | environment)
             if not keep_running:
                 print("the servers stop now; `make object-store-demo` keeps them up for your own queries")
                 return code
@@ -101,7 +122,7 @@ def run_object_store_demo(events: int, keep_running: bool) -> int:
             print(f"  set -a; . {servers / 'lakehouse.env'}; set +a")
             print('  lakehouse sql "SELECT count(*) FROM sales.orders"; lakehouse check; make ui')
             while True:
-                signal.pause()
+                time.sleep(WAKE_SECONDS)
     except KeyboardInterrupt:
         print("the servers are stopped")
     return 130 if code is None else code
