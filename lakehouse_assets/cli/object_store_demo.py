@@ -33,7 +33,7 @@ SECRET_ENV = "LAKE_S3_SECRET"
 CONFIG_FILE = "object-store-demo.yaml"
 # This process waits in steps of this long, never in one blocking call: a stop signal may reach
 # another of its threads (the AWS SDK's event loop, say), and Python runs the handler only when the
-# main thread next runs Python code. A wait with ``signal.pause()`` missed a Ctrl-C that way.
+# main thread next runs Python code; ``signal.pause()`` would go on waiting.
 WAKE_SECONDS = 1.0
 
 
