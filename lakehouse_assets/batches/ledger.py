@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -167,48 +166,11 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-RECORD_FILES = (BATCH_FILE, STAGED_FILE, COMMITTED_FILE)
-FileIdentity = tuple[int, int, int] | None
-# A record read from files modified this recently is read again next time (below).
-SETTLED_NS = 2_000_000_000
-
-
-def _identities(directory: str) -> tuple[FileIdentity, ...]:
-    """Each record file's (inode, modification time, size) in ``directory``, None for a missing one."""
-    identities: list[FileIdentity] = []
-    for name in RECORD_FILES:
-        try:
-            status = os.stat(f"{directory}/{name}")
-        except FileNotFoundError:
-            identities.append(None)
-        else:
-            identities.append((status.st_ino, status.st_mtime_ns, status.st_size))
-    return tuple(identities)
-
-
-def _settled(identities: tuple[FileIdentity, ...]) -> bool:
-    """No record file was modified in the last ``SETTLED_NS``: a file removed and created again as
-    quickly could have the old one's inode, size and (coarse) modification time."""
-    recent = time.time_ns() - SETTLED_NS
-    return all(identity is None or identity[1] < recent for identity in identities)
-
-
-# The records this process has read, per ledger root and sequence, with the identities of the files
-# they were read from. A record file is only ever created whole under a new inode
-# (``_write_json_atomically``) or removed, so settled files that stat the same still hold the
-# record read from them. A ledger keeps its committed batches for ``landing_retention`` (a week by
-# default: thousands of batches), and the sensors and runs read it whole many times a round: three
-# stats a batch instead of three reads and parses (``docs/benchmarks.md``).
-_known_records: dict[Path, dict[int, tuple[tuple[FileIdentity, ...], BatchRecord | None]]] = {}
-
-
 class StreamLedger:
     """The batches of one stream, read from and written to its staging directory."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._root_name = os.fspath(root)
-        self._known = _known_records.setdefault(root, {})
 
     def _directory(self, sequence: int) -> Path:
         return self.root / f"{sequence:0{SEQUENCE_DIGITS}d}"
@@ -222,20 +184,7 @@ class StreamLedger:
 
     def batch(self, sequence: int) -> BatchRecord | None:
         """The record of one sequence, or None when it was never minted."""
-        directory = f"{self._root_name}/{sequence:0{SEQUENCE_DIGITS}d}"  # not a Path: half a scan's time
-        identities = _identities(directory)
-        known = self._known.get(sequence)
-        if known is not None and known[0] == identities:
-            return known[1]
-        record = self._read_batch(Path(directory))
-        if _settled(identities):
-            self._known[sequence] = (identities, record)
-        else:
-            self._known.pop(sequence, None)
-        return record
-
-    @staticmethod
-    def _read_batch(directory: Path) -> BatchRecord | None:
+        directory = self._directory(sequence)
         minted = _read_json(directory / BATCH_FILE)
         if minted is None:
             return None
@@ -250,18 +199,13 @@ class StreamLedger:
 
     def _sequences(self) -> list[int]:
         """The sequences that have a directory, in order (a mint that died may have left one empty)."""
-        try:
-            names = os.listdir(self._root_name)
-        except (FileNotFoundError, NotADirectoryError):
+        if not self.root.is_dir():
             return []
-        return sorted(int(name) for name in names if name.isdigit())
+        return sorted(int(entry.name) for entry in self.root.iterdir() if entry.name.isdigit())
 
     def batches(self) -> list[BatchRecord]:
         """Every minted batch, in sequence order."""
-        sequences = self._sequences()
-        for gone in self._known.keys() - set(sequences):  # removed, here or by another process
-            self._known.pop(gone, None)
-        records = (self.batch(sequence) for sequence in sequences)
+        records = (self.batch(sequence) for sequence in self._sequences())
         return [record for record in records if record is not None]
 
     def latest(self) -> BatchRecord | None:
