@@ -21,6 +21,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from lakehouse_assets.batches.ledger import CommittedBatch, MintedBatch, StagedBatch, StreamLedger
@@ -38,7 +39,7 @@ def _write_ledger(root: Path, batches: int) -> None:
         os.utime(path, ns=(an_hour_ago, an_hour_ago))
 
 
-def _cpu(action) -> float:
+def _cpu(action: Callable[[], object]) -> float:
     started = time.process_time()
     action()
     return time.process_time() - started

@@ -178,7 +178,7 @@ def order_event(order_id: int, **overrides: object) -> str:
 def dagster_home_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ``DAGSTER_HOME`` whose storage Dagster has created: its SQLite databases, their schemas and
     migration stamps. A test's home starts as a copy of it, 0.05 CPU-seconds where Dagster's
-    creating them takes 0.22, in every one of the suite's some 250 homes (``docs/benchmarks.md``);
+    creating them takes 0.22, in each of the 142 tests with this home (``docs/benchmarks.md``);
     Dagster opens the copy as it opens any instance it created before."""
     template = tmp_path_factory.mktemp("dagster-home")
     with pytest.MonkeyPatch.context() as monkeypatch:
