@@ -1,13 +1,13 @@
-"""What reading a stream's whole staging ledger costs as it grows.
+"""What a round's reads of a stream's staging ledger cost as it grows.
 
 A stream's ledger keeps every committed batch for ``maintenance.landing_retention`` (a week by
-default; a router's entries for good), and the landing sensor, the writer and the committer read it
-whole (``StreamLedger.batches``) about twenty times a round, in the sensor daemon's long-lived
-process as in each run's. This writes ``--batches`` committed batches (as a week of a stream
-cutting one a minute leaves, records as the pipeline writes them), dates them an hour back, and
-times one whole read in CPU-seconds: a process's first, and the later ones in the same process,
-side by side with a tenth of the batches. A ledger that kept what it read would show the later
-reads below the first; today each read opens and parses every batch's three record files.
+default; a router's entries for good). This writes ``--batches`` committed batches (as a week of a
+stream cutting one a minute leaves, records as the pipeline writes them) and two open ones, then
+times, in CPU-seconds (median of ``--scans``), each read the landing sensor, the writer and the
+committer make of it, side by side with a tenth of the batches, and against the baseline: the
+whole read (every batch's three record files) that each of them made before. A round of one stream
+makes the reads below as many times as ``PER_ROUND`` says (counted on the fault pipeline's rounds),
+so the last lines compare a round's ledger reads both ways.
 
     python bench/ledger_scan.py [--batches 10000] [--scans 5]
 """
@@ -24,19 +24,55 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lakehouse_assets.batches.ledger import CommittedBatch, MintedBatch, StagedBatch, StreamLedger
+from lakehouse_assets.batches.ledger import (
+    COMMITTED_FILE,
+    STAGED_FILE,
+    CommittedBatch,
+    MintedBatch,
+    StagedBatch,
+    StreamLedger,
+)
+from lakehouse_assets.commit.committer import plan_commit
+
+OPEN_BATCHES = 2
+WHOLE = "whole read (every read before)"
+# Each read, with how many times one stream's round makes it (a writer run and a committer run,
+# with the landing sensor's and the commit sensor's ticks between them).
+PER_ROUND = {
+    "the landing sensor's unstaged batches": 2,
+    "the commit plan": 3,
+    "backpressure's open batches": 3,
+    "the highest sequence": 3,
+    "the claimed landing files": 6,
+    "batches that hold staged Parquet": 1.5,
+    "the lag's open batches": 2,
+}
+PER_ROUND_BEFORE = 20.5
 
 
-def _write_ledger(root: Path, batches: int) -> None:
+def _write_ledger(root: Path, committed: int) -> StreamLedger:
     ledger = StreamLedger(root)
-    for sequence in range(1, batches + 1):
+    for sequence in range(1, committed + OPEN_BATCHES + 1):
         files = [f"{1_800_000_000 + sequence}-{n:04d}-{os.urandom(4).hex()}.jsonl" for n in range(3)]
         ledger.mint(MintedBatch("clicks", sequence, "web.clicks", files, 3 * 65536, 1.8e9, 1.8e9))
-        ledger.record_staged(StagedBatch(sequence, os.urandom(8).hex(), 1200, 3, "2026-12-07", "2026-12-07", 1.8e9))
-        ledger.record_committed(sequence, CommittedBatch(4_000_000_000_000_000 + sequence, sequence, 1.8e9))
-    an_hour_ago = time.time_ns() - 3600 * 10**9
-    for path in root.rglob("*.json"):
-        os.utime(path, ns=(an_hour_ago, an_hour_ago))
+        if sequence <= committed:
+            attempt = os.urandom(8).hex()
+            ledger.record_staged(StagedBatch(sequence, attempt, 1200, 3, "2026-12-07", "2026-12-07", 1.8e9))
+            ledger.record_committed(sequence, CommittedBatch(4_000_000_000_000_000 + sequence, sequence, 1.8e9))
+    return ledger
+
+
+def _reads(ledger: StreamLedger, committed: int) -> dict[str, Callable[[], object]]:
+    return {
+        WHOLE: ledger.batches,
+        "the landing sensor's unstaged batches": lambda: ledger.batches(lacking=STAGED_FILE),
+        "the commit plan": lambda: plan_commit(ledger, "clicks", committed),
+        "backpressure's open batches": lambda: ledger.batches(after=committed, lacking=COMMITTED_FILE),
+        "the highest sequence": ledger.highest_sequence,
+        "the claimed landing files": ledger.claimed_files,
+        "the lag's open batches": lambda: ledger.batches(after=committed),
+        "batches that hold staged Parquet": lambda: ledger.batches(with_attempts=True),
+    }
 
 
 def _cpu(action: Callable[[], object]) -> float:
@@ -45,19 +81,19 @@ def _cpu(action: Callable[[], object]) -> float:
     return time.process_time() - started
 
 
-def _whole_reads(batches: int, scans: int) -> tuple[float, float]:
-    """CPU-seconds of a process's first whole read of a ledger of ``batches``, and the median of the
-    ``scans`` after it."""
+def _timed_reads(committed: int, scans: int) -> dict[str, float]:
+    """CPU-seconds of each read of a ledger of ``committed`` batches (and the open ones), the median
+    of ``scans`` in one process after a first read."""
     work = Path(tempfile.mkdtemp(prefix="ledger-scan-"))
     try:
-        root = work / "staging" / "clicks"
-        _write_ledger(root, batches)
-        ledger = StreamLedger(root)
-        first = _cpu(ledger.batches)
-        later = statistics.median(_cpu(ledger.batches) for _ in range(scans))
+        ledger = _write_ledger(work / "staging" / "clicks", committed)
+        timings = {}
+        for name, read in _reads(ledger, committed).items():
+            read()
+            timings[name] = statistics.median(_cpu(read) for _ in range(scans))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return first, later
+    return timings
 
 
 def main() -> None:
@@ -65,15 +101,19 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=10_000)
     parser.add_argument("--scans", type=int, default=5)
     arguments = parser.parse_args()
-    small = max(1, arguments.batches // 10)
-    small_first, small_later = _whole_reads(small, arguments.scans)
-    first, later = _whole_reads(arguments.batches, arguments.scans)
+    small_count = max(1, arguments.batches // 10)
+    small = _timed_reads(small_count, arguments.scans)
+    large = _timed_reads(arguments.batches, arguments.scans)
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"CPU-seconds of one whole read of a ledger of committed batches (later: median of {arguments.scans}):")
-    print(f"  {small:>7} batches  first {small_first:.3f}  later {small_later:.3f} ({small_later / small_first:.2f}x)")
-    print(f"  {arguments.batches:>7} batches  first {first:.3f}  later {later:.3f} ({later / first:.2f}x)")
-    growth = arguments.batches / small
-    print(f"  {arguments.batches} against {small}: {later / small_later:.1f}x the CPU for {growth:.0f}x the batches")
+    print(f"CPU-seconds of one read (median of {arguments.scans}), committed batches plus {OPEN_BATCHES} open:")
+    print(f"  {'read':<40} {small_count:>8} {arguments.batches:>8}   against the whole read")
+    for name in large:
+        print(f"  {name:<40} {small[name]:8.4f} {large[name]:8.4f}   {large[name] / large[WHOLE]:.3f}x")
+    for count, timings in ((small_count, small), (arguments.batches, large)):
+        before = PER_ROUND_BEFORE * timings[WHOLE]
+        after = sum(times * timings[name] for name, times in PER_ROUND.items())
+        ratio = after / before
+        print(f"  one stream's round at {count} batches: {before:.2f} CPU-s before, {after:.2f} now ({ratio:.2f}x)")
 
 
 if __name__ == "__main__":

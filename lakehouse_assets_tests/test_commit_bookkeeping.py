@@ -2,11 +2,24 @@
 reads back from a real Iceberg table's snapshot summaries (written by PyIceberg's SQL catalog on
 SQLite with the keys the committer stamps; no Spark)."""
 
+import tempfile
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakehouse_assets.batches.ledger import MintedBatch, StagedBatch, StreamLedger
+from lakehouse_assets.batches.ledger import (
+    COMMITTED_FILE,
+    STAGED_FILE,
+    BatchRecord,
+    CommittedBatch,
+    MintedBatch,
+    StagedBatch,
+    StreamLedger,
+)
 from lakehouse_assets.commit.committer import plan_commit
 from lakehouse_assets.commit.recovery import committed_landing_files, committed_state, next_epoch
 from lakehouse_assets.commit.summary_keys import CommitStamp, commit_summary
@@ -95,3 +108,40 @@ def test_recovery_reads_the_committed_sequence_epoch_and_files_from_the_snapshot
     assert committed_landing_files(table, "orders") == {"landing-1.ndjson", "landing-2.ndjson", "landing-3.ndjson"}
     assert committed_state(table, "customers").sequence == 0
     assert [record.sequence for record in plan_commit(ledger, "orders", state.sequence).ready] == []
+
+
+BATCH_STATES = st.lists(
+    st.tuples(st.sampled_from(["empty", "minted", "staged", "committed"]), st.booleans()), max_size=12
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(states=BATCH_STATES, after=st.integers(0, 13), lacking=st.sampled_from([None, STAGED_FILE, COMMITTED_FILE]))
+def test_the_ledgers_narrow_reads_return_what_the_whole_read_filtered_alike_does(states, after, lacking):
+    """A week of batches is read only where a caller needs it: each narrow read (after a sequence,
+    lacking a record, holding an attempt) equals the whole read filtered in Python, in any mix of
+    minted, staged, committed batches, attempts and the empty directory of a mint that died."""
+    with tempfile.TemporaryDirectory() as work:
+        ledger = StreamLedger(Path(work) / "orders")
+        for sequence, (state, attempt) in enumerate(states, start=1):
+            if state == "empty":
+                (ledger.root / f"{sequence:010d}").mkdir(parents=True)
+                continue
+            ledger.mint(_minted(sequence, [f"landing-{sequence}-{n}.ndjson" for n in range(2)]))
+            if state != "minted":
+                ledger.record_staged(_staged(sequence))
+            if state == "committed":
+                ledger.record_committed(sequence, CommittedBatch(sequence, sequence, 0.0))
+            if attempt:
+                ledger.new_attempt(sequence)[1].mkdir()
+        whole = ledger.batches()
+
+        def kept(record: BatchRecord) -> bool:
+            has = {STAGED_FILE: record.staged is not None, COMMITTED_FILE: record.committed is not None}
+            return record.sequence > after and not (lacking and has[lacking])
+
+        assert ledger.batches(after=after, lacking=lacking) == [record for record in whole if kept(record)]
+        attempts = [record for record in whole if any(record.directory.glob("attempt-*"))]
+        assert ledger.batches(with_attempts=True) == attempts
+        assert ledger.claimed_files() == {name for record in whole for name in record.minted.files}
+        assert ledger.highest_sequence() == max((record.sequence for record in whole), default=0)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakehouse_assets.batches.landing import landing_dir, list_landing_files
-from lakehouse_assets.batches.ledger import StreamLedger
+from lakehouse_assets.batches.ledger import COMMITTED_FILE, StreamLedger
 from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.storage_space import FileSystemSpace, format_bytes, space_of
@@ -40,12 +40,11 @@ def spark_scratch_dirs(spark_settings: dict[str, str]) -> list[Path]:
 def uncommitted_landing_bytes(paths: LakehousePaths, stream: StreamSpec) -> int:
     """The bytes of the stream's landed files that no committed batch holds, from the landing zone
     and the staging ledger alone (no table is read): what a stopped or slow pipeline lets grow."""
-    committed = {
-        name
-        for record in StreamLedger(paths.staging(stream.name)).batches()
-        if record.committed is not None
-        for name in record.minted.files
-    }
+    ledger = StreamLedger(paths.staging(stream.name))
+    # Each landing file is in one batch at most: the claimed ones less those of uncommitted batches
+    # (read second, so a batch minted in between counts as uncommitted).
+    claimed = ledger.claimed_files()
+    committed = claimed - {name for record in ledger.batches(lacking=COMMITTED_FILE) for name in record.minted.files}
     return sum(landed.size for landed in list_landing_files(landing_dir(paths, stream)) if landed.name not in committed)
 
 

@@ -32,6 +32,7 @@ BATCH_FILE = "batch.json"
 STAGED_FILE = "staged.json"
 COMMITTED_FILE = "committed.json"
 EVENTS_DIR = "events"
+ATTEMPT_PREFIX = "attempt-"
 SEQUENCE_DIGITS = 10
 
 
@@ -135,7 +136,7 @@ class BatchRecord:
 
     def events_path(self) -> Path:
         """The staged Parquet: converted rows, and reasons for the rejected events."""
-        return self.directory / f"attempt-{self.staged_batch.attempt}" / EVENTS_DIR
+        return self.directory / f"{ATTEMPT_PREFIX}{self.staged_batch.attempt}" / EVENTS_DIR
 
 
 def _write_json_atomically(path: Path, payload: dict[str, Any], exclusive: bool) -> bool:
@@ -159,11 +160,19 @@ def _write_json_atomically(path: Path, payload: dict[str, Any], exclusive: bool)
     return True
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_json(path: Path | str) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())
+        with open(path) as handle:
+            return json.load(handle)
     except FileNotFoundError:
         return None
+
+
+def _has_attempts(directory: str) -> bool:
+    try:
+        return any(name.startswith(ATTEMPT_PREFIX) for name in os.listdir(directory))
+    except FileNotFoundError:  # the batch was removed meanwhile
+        return False
 
 
 class StreamLedger:
@@ -199,13 +208,31 @@ class StreamLedger:
 
     def _sequences(self) -> list[int]:
         """The sequences that have a directory, in order (a mint that died may have left one empty)."""
-        if not self.root.is_dir():
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
             return []
-        return sorted(int(entry.name) for entry in self.root.iterdir() if entry.name.isdigit())
+        return sorted(int(name) for name in names if name.isdigit())
 
-    def batches(self) -> list[BatchRecord]:
-        """Every minted batch, in sequence order."""
-        records = (self.batch(sequence) for sequence in self._sequences())
+    def batches(self, after: int = 0, lacking: str | None = None, with_attempts: bool = False) -> list[BatchRecord]:
+        """The minted batches with a sequence above ``after``, in sequence order; with ``lacking``
+        (``STAGED_FILE`` or ``COMMITTED_FILE``) only those without that record, and with
+        ``with_attempts`` only those that still hold a writer attempt's directory.
+
+        The ledger keeps a week of committed batches, so only the batches that pass are read (the
+        filters look at names, not contents): a caller that needs the open tail reads the tail.
+        """
+        selected = []
+        for sequence in self._sequences():
+            if sequence <= after:
+                continue
+            directory = os.path.join(self.root, f"{sequence:0{SEQUENCE_DIGITS}d}")
+            if lacking and os.path.exists(os.path.join(directory, lacking)):
+                continue
+            if with_attempts and not _has_attempts(directory):
+                continue
+            selected.append(sequence)
+        records = (self.batch(sequence) for sequence in selected)
         return [record for record in records if record is not None]
 
     def latest(self) -> BatchRecord | None:
@@ -214,12 +241,17 @@ class StreamLedger:
         return next((record for record in records if record is not None), None)
 
     def claimed_files(self) -> set[str]:
-        """Landing files that belong to a minted batch, committed or not."""
-        return {name for record in self.batches() for name in record.minted.files}
+        """Landing files that belong to a minted batch, committed or not (only ``batch.json`` is read)."""
+        claimed: set[str] = set()
+        for sequence in self._sequences():
+            minted = _read_json(os.path.join(self.root, f"{sequence:0{SEQUENCE_DIGITS}d}", BATCH_FILE))
+            claimed.update(minted["files"] if minted else ())
+        return claimed
 
     def highest_sequence(self) -> int:
-        sequences = [record.sequence for record in self.batches()]
-        return max(sequences, default=0)
+        """The highest minted sequence, 0 when none is."""
+        latest = self.latest()
+        return latest.sequence if latest else 0
 
     def mint(self, batch: MintedBatch) -> None:
         """Create the batch record; raises BatchConflictError if the sequence was minted already.
@@ -236,7 +268,7 @@ class StreamLedger:
     def new_attempt(self, sequence: int) -> tuple[str, Path]:
         """A fresh attempt id and its directory; attempts never share file names."""
         attempt = uuid.uuid4().hex[:16]
-        return attempt, self._directory(sequence) / f"attempt-{attempt}"
+        return attempt, self._directory(sequence) / f"{ATTEMPT_PREFIX}{attempt}"
 
     def record_staged(self, staged: StagedBatch) -> bool:
         """Publish an attempt as the staged batch; False when another attempt won first."""
@@ -276,5 +308,5 @@ class StreamLedger:
         if not directory.is_dir():
             return
         for entry in directory.iterdir():
-            if entry.is_dir() and entry.name.startswith("attempt-") and entry.name != f"attempt-{keep}":
+            if entry.is_dir() and entry.name.startswith(ATTEMPT_PREFIX) and entry.name != f"{ATTEMPT_PREFIX}{keep}":
                 shutil.rmtree(entry, ignore_errors=True)

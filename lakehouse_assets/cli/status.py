@@ -80,7 +80,7 @@ def lakehouse_status(lake: Lakehouse, instance: dg.DagsterInstance | None) -> li
         for stream in streams:
             ledger = lake.ledger(stream.name)
             state = committed_state(table, stream.name)
-            open_batches = [r for r in ledger.batches() if r.sequence > state.sequence]
+            open_batches = ledger.batches(after=state.sequence)
             waiting = pending_files(lake.paths, stream, ledger, table)
             stream_entries.append(
                 {

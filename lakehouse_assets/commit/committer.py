@@ -40,7 +40,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from lakehouse_assets import faults
-from lakehouse_assets.batches.ledger import BatchRecord, CommittedBatch, StreamLedger
+from lakehouse_assets.batches.ledger import COMMITTED_FILE, BatchRecord, CommittedBatch, StreamLedger
 from lakehouse_assets.batches.staged_rows import accepted_rows, read_staged
 from lakehouse_assets.catalog.iceberg_types import parse_type, widens
 from lakehouse_assets.catalog.table_metadata import qualified_name
@@ -144,12 +144,13 @@ class CommitPlan:
 
 def plan_commit(ledger: StreamLedger, stream: str, committed_sequence: int) -> CommitPlan:
     """Which staged batches come next, in order, given what the ancestry says is committed."""
-    records = ledger.batches()
-    recovered = [r.sequence for r in records if r.sequence <= committed_sequence and not r.committed]
+    # Batches the ancestry holds whose bookkeeping a crash cut short, and the open tail after them.
+    lacking_bookkeeping = ledger.batches(lacking=COMMITTED_FILE)
+    recovered = [r.sequence for r in lacking_bookkeeping if r.sequence <= committed_sequence and not r.committed]
     ready: list[BatchRecord] = []
     waiting_on = None
     expected = committed_sequence + 1
-    for record in (r for r in records if r.sequence > committed_sequence):
+    for record in ledger.batches(after=committed_sequence):
         if record.sequence != expected:
             raise SequenceGapError(
                 f"stream {stream!r}: batch {expected} is missing from the staging ledger but batch "
@@ -499,7 +500,7 @@ def _commit_stream(
 def _remove_published_attempts(ledger: StreamLedger, published_sequence: int) -> None:
     """Staged Parquet of batches that main holds, committed by earlier passes; the last pass's
     stays for its checks, and batches waiting on the audit branch keep theirs until published."""
-    for record in ledger.batches():
+    for record in ledger.batches(with_attempts=True):
         if (
             record.committed
             and record.staged

@@ -67,7 +67,7 @@ def _require_audited(config: LakehouseConfig, table_identifier: str) -> list[Str
 
 def _audited_batches(lake: Lakehouse, stream: StreamSpec, first: int, last: int) -> list[BatchRecord]:
     """The batches of an unpublished range with their staged Parquet; PublishRefusedError if gone."""
-    records = [r for r in lake.ledger(stream.name).batches() if first <= r.sequence <= last]
+    records = [r for r in lake.ledger(stream.name).batches(after=first - 1) if r.sequence <= last]
     lost = [r.sequence for r in records if not (r.staged and r.events_path().is_dir())]
     if lost or len(records) != last - first + 1:
         raise PublishRefusedError(

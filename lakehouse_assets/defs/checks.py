@@ -276,17 +276,15 @@ def dead_letters_check(table_identifier: str) -> TableCheck:
 
 def _staged_parquet(ledger: StreamLedger, first: int, last: int) -> list[str]:
     """The staged Parquet of batches ``first`` to ``last`` that still have it."""
-    records = ledger.batches()
-    return [
-        str(r.events_path()) for r in records if first <= r.sequence <= last and r.staged and r.events_path().is_dir()
-    ]
+    records = ledger.batches(after=first - 1)
+    return [str(r.events_path()) for r in records if r.sequence <= last and r.staged and r.events_path().is_dir()]
 
 
 def _last_published_changes(ledger: StreamLedger) -> list[checks.CommittedChanges]:
     """Change batches the last committer run published; their staged Parquet is kept until the next run."""
     return [
         checks.CommittedChanges(record.sequence, record.committed.snapshot_id, str(record.events_path()))
-        for record in ledger.batches()
+        for record in ledger.batches(with_attempts=True)
         if record.committed and record.staged and record.events_path().is_dir()
     ]
 

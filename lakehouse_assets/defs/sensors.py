@@ -7,7 +7,7 @@ from typing import NamedTuple, TypeVar
 
 import dagster as dg
 
-from lakehouse_assets.batches.ledger import MintedBatch
+from lakehouse_assets.batches.ledger import COMMITTED_FILE, STAGED_FILE, MintedBatch
 from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.commit.committer import plan_commit, seconds_until_commit_due
 from lakehouse_assets.commit.recovery import committed_state
@@ -237,7 +237,11 @@ def _landing_tick(
     current = lake.stream(stream.name)
     ledger = lake.ledger(stream.name)
     # A router's batch is done once routed and its unroutable events committed, not when staged.
-    unfinished = [r for r in ledger.batches() if (r.committed if current.is_router else r.staged) is None]
+    unfinished = [
+        record
+        for record in ledger.batches(lacking=COMMITTED_FILE if current.is_router else STAGED_FILE)
+        if (record.committed if current.is_router else record.staged) is None
+    ]
     if unfinished and not lakehouse.until_idle:
         # Requested again under its attempt's run key (the daemon launches a run key once), or
         # under a new one after a failure Dagster retries no more: events landing meanwhile

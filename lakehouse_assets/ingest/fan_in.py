@@ -18,7 +18,7 @@ from functools import partial
 from pyspark.sql import SparkSession
 
 from lakehouse_assets.batches.landing import list_landing_files
-from lakehouse_assets.batches.ledger import StreamLedger
+from lakehouse_assets.batches.ledger import STAGED_FILE, StreamLedger
 from lakehouse_assets.commit.committer import CommitOutcome
 from lakehouse_assets.config.routed_streams import routed_stream_name
 from lakehouse_assets.config.spec import StreamSpec
@@ -66,7 +66,7 @@ def stage_routed_tables(
         stream = lake.stream(routed_stream_name(router.name, table))
         while mint_next_batch(lake, stream, drain=True)[0] is not None:
             pass
-        records = lake.ledger(stream.name).batches()
+        records = lake.ledger(stream.name).batches(lacking=STAGED_FILE)
         pending.extend(PendingBatch(stream, record) for record in records if record.staged is None)
     return stage_routed_batches(spark, lake, router, pending, run_id)
 

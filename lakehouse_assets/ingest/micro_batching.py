@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from lakehouse_assets.batches.landing import LandingFile, landing_dir, list_landing_files
-from lakehouse_assets.batches.ledger import MintedBatch, StreamLedger
+from lakehouse_assets.batches.ledger import COMMITTED_FILE, MintedBatch, StreamLedger
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH, committed_state
 from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.ingest.kafka_batching import mint_next_kafka_batch
@@ -68,7 +68,7 @@ def decide_flush(pending: list[LandingFile], stream: StreamSpec, now: float, dra
 
 def backpressure(ledger: StreamLedger, stream: StreamSpec, committed_sequence: int) -> str | None:
     """Why no batch may be cut now, or None: uncommitted batches hold ``max_uncommitted_bytes``."""
-    uncommitted = [r for r in ledger.batches() if r.sequence > committed_sequence and r.committed is None]
+    uncommitted = [r for r in ledger.batches(after=committed_sequence, lacking=COMMITTED_FILE) if r.committed is None]
     held = sum(record.minted.bytes for record in uncommitted)
     if held < stream.max_uncommitted_bytes:
         return None
@@ -82,10 +82,10 @@ def work_may_be_waiting(lake: Lakehouse) -> bool:
     """A cheap guess, from the landing zones and ledgers alone (no table is read), that a run will
     need Spark: some stream has a landed file no batch claims, or a batch not committed yet."""
     for stream in lake.config.streams:
-        records = lake.ledger(stream.name).batches()
-        if any(record.committed is None for record in records):
+        ledger = lake.ledger(stream.name)
+        if ledger.batches(lacking=COMMITTED_FILE):
             return True
-        claimed = {name for record in records for name in record.minted.files}
+        claimed = ledger.claimed_files()
         if any(landed.name not in claimed for landed in list_landing_files(landing_dir(lake.paths, stream))):
             return True
     return False

@@ -28,7 +28,14 @@ from pyspark.sql import functions as F
 
 from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import landing_dir
-from lakehouse_assets.batches.ledger import EVENTS_DIR, BatchRecord, CommittedBatch, StagedBatch, StreamLedger
+from lakehouse_assets.batches.ledger import (
+    COMMITTED_FILE,
+    EVENTS_DIR,
+    BatchRecord,
+    CommittedBatch,
+    StagedBatch,
+    StreamLedger,
+)
 from lakehouse_assets.batches.staged_format import EVENT_COLUMN, LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.commit.dead_letters import DEAD_LETTER_SUFFIX, commit_dead_letters, sidecar_path
 from lakehouse_assets.commit.recovery import branch_head_id
@@ -208,7 +215,7 @@ def route_batches(
     ledger = lake.ledger(stream.name)
     routed = []
     with exclusive_lock(stream_lock_file(lake.paths.locks, f"{stream.name}-router")):
-        for candidate in ledger.batches():
+        for candidate in ledger.batches(lacking=COMMITTED_FILE):
             if candidate.sequence > up_to:
                 break
             record = minted_record(ledger, stream, candidate.sequence, None)

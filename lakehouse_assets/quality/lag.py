@@ -17,7 +17,7 @@ def oldest_pending_landed_at(paths: LakehousePaths, stream: StreamSpec, table: T
     """When the oldest event not yet committed landed: in an uncommitted batch or not batched yet."""
     ledger = StreamLedger(paths.staging(stream.name))
     committed = committed_state(table, stream.name).sequence
-    landed = [record.minted.oldest_landed_at for record in ledger.batches() if record.sequence > committed]
+    landed = [record.minted.oldest_landed_at for record in ledger.batches(after=committed)]
     landed += [file.landed_at for file in pending_files(paths, stream, ledger, table)]
     return min(landed, default=None)
 
