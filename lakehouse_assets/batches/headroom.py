@@ -44,7 +44,8 @@ def uncommitted_landing_bytes(paths: LakehousePaths, stream: StreamSpec) -> int:
     # Each landing file is in one batch at most: the claimed ones less those of uncommitted batches
     # (read second, so a batch minted in between counts as uncommitted).
     claimed = ledger.claimed_files()
-    committed = claimed - {name for record in ledger.batches(lacking=COMMITTED_FILE) for name in record.minted.files}
+    uncommitted = [record for record in ledger.batches(lacking=COMMITTED_FILE) if record.committed is None]
+    committed = claimed - {name for record in uncommitted for name in record.minted.files}
     return sum(landed.size for landed in list_landing_files(landing_dir(paths, stream)) if landed.name not in committed)
 
 

@@ -16,6 +16,7 @@ of that sequence takes the directory over.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -168,11 +169,32 @@ def _read_json(path: Path | str) -> dict[str, Any] | None:
         return None
 
 
+def _gone(error: OSError) -> bool:
+    """Whether ``error`` says the file or directory is no longer there (removed meanwhile, on NFS
+    too, where another host's removal shows as a stale handle)."""
+    return isinstance(error, (FileNotFoundError, NotADirectoryError)) or error.errno == errno.ESTALE
+
+
+def _exists(path: str) -> bool:
+    """Whether a record file exists, asked by opening it: a shared file system (NFS) answers a
+    ``stat`` from its attribute cache, which may still hold a file another host removed, but
+    revalidates on ``open``, as the record's own read does."""
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+    except OSError as error:
+        if _gone(error):
+            return False
+        raise
+    return True
+
+
 def _has_attempts(directory: str) -> bool:
     try:
         return any(name.startswith(ATTEMPT_PREFIX) for name in os.listdir(directory))
-    except FileNotFoundError:  # the batch was removed meanwhile
-        return False
+    except OSError as error:
+        if _gone(error):  # the batch was removed meanwhile
+            return False
+        raise
 
 
 class StreamLedger:
@@ -210,9 +232,11 @@ class StreamLedger:
         """The sequences that have a directory, in order (a mint that died may have left one empty)."""
         try:
             names = os.listdir(self.root)
-        except FileNotFoundError:
-            return []
-        return sorted(int(name) for name in names if name.isdigit())
+        except OSError as error:
+            if _gone(error):
+                return []
+            raise
+        return sorted(int(name) for name in names if name.isascii() and name.isdigit())
 
     def batches(self, after: int = 0, lacking: str | None = None, with_attempts: bool = False) -> list[BatchRecord]:
         """The minted batches with a sequence above ``after``, in sequence order; with ``lacking``
@@ -227,7 +251,7 @@ class StreamLedger:
             if sequence <= after:
                 continue
             directory = os.path.join(self.root, f"{sequence:0{SEQUENCE_DIGITS}d}")
-            if lacking and os.path.exists(os.path.join(directory, lacking)):
+            if lacking and _exists(os.path.join(directory, lacking)):
                 continue
             if with_attempts and not _has_attempts(directory):
                 continue

@@ -83,9 +83,10 @@ def work_may_be_waiting(lake: Lakehouse) -> bool:
     need Spark: some stream has a landed file no batch claims, or a batch not committed yet."""
     for stream in lake.config.streams:
         ledger = lake.ledger(stream.name)
-        if ledger.batches(lacking=COMMITTED_FILE):
-            return True
+        # The claimed files first: a batch minted in between is then an uncommitted batch.
         claimed = ledger.claimed_files()
+        if any(record.committed is None for record in ledger.batches(lacking=COMMITTED_FILE)):
+            return True
         if any(landed.name not in claimed for landed in list_landing_files(landing_dir(lake.paths, stream))):
             return True
     return False
