@@ -1,8 +1,8 @@
 """What a round's reads of a stream's staging ledger cost as it grows.
 
 A stream's ledger keeps every committed batch for ``maintenance.landing_retention`` (a week by
-default; a router's entries for good). This writes ``--batches`` committed batches (as a week of a
-stream cutting one a minute leaves, records as the pipeline writes them) and two open ones, then
+default). This writes ``--batches`` committed batches (as a week of a stream cutting one a minute
+leaves, records as the pipeline writes them) and two open ones, then
 times, in CPU-seconds (median of ``--scans``), each read the landing sensor, the writer and the
 committer make of it, side by side with a tenth of the batches, and against the baseline: the
 whole read (every batch's three record files) that each of them made before. A round of one stream

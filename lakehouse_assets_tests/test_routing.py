@@ -178,7 +178,10 @@ def test_routed_changes_apply_in_order_and_a_missing_table_is_a_dead_letter(lake
         == "table_identifier crm.${/table}: table crm.missing does not exist and auto_create is false"
     )
     assert lake.table("crm.missing") is None
-    assert list_landing_files(landing_dir(lake.paths, stream)) == []  # routed, past landing_retention
+    # Routed, past landing_retention: the files and the ledger entries go, but for the highest, which
+    # the next batch continues after.
+    assert list_landing_files(landing_dir(lake.paths, stream)) == []
+    assert [record.sequence for record in lake.ledger("cdc").batches()] == [3]
 
     # After the missing table is created, a replay routes the dead letter there and removes it.
     spark.sql("CREATE TABLE lake.crm.missing (id bigint NOT NULL, name string) USING iceberg")
@@ -188,6 +191,7 @@ def test_routed_changes_apply_in_order_and_a_missing_table_is_a_dead_letter(lake
         assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
     assert [row["id"] for row in table_rows(lake, "crm.missing")] == [9]
     assert table_rows(lake, "lakehouse.cdc_dead_letters") == []
+    assert [record.sequence for record in lake.ledger("cdc").batches()] == [4]
 
 
 def test_a_table_found_after_the_code_location_loaded_is_committed_and_checked_by_the_router_run(

@@ -237,13 +237,17 @@ def route_batches(
 
 
 def _remove_routed_landing_files(paths: LakehousePaths, stream: StreamSpec, ledger: StreamLedger) -> None:
-    """Remove the landing files of batches routed ``maintenance.landing_retention`` ago or longer:
-    each of their events is in a route file or in the dead-letter table. The ledger entries stay, so
-    no file is batched again and no sequence is reused."""
+    """Remove the landing files of batches routed ``maintenance.landing_retention`` ago or longer,
+    and their ledger entries: each of their events is in a route file or in the dead-letter table.
+    The highest entry stays: a router commits no table of its own that would keep its sequence, and
+    the next batch (and the names of its route files) must continue after it."""
     directory = landing_dir(paths, stream)
     now = time.time()
-    for record in ledger.batches():
+    records = ledger.batches()
+    for record in records:
         if record.committed and now - record.committed.committed_at >= stream.maintenance.landing_retention:
             for name in record.minted.files:
                 (directory / name).unlink(missing_ok=True)
                 sidecar_path(directory / name).unlink(missing_ok=True)
+            if record is not records[-1]:
+                ledger.remove_batch(record.sequence)
