@@ -204,7 +204,11 @@ class StreamLedger:
         self.root = root
 
     def _directory(self, sequence: int) -> Path:
-        return self.root / f"{sequence:0{SEQUENCE_DIGITS}d}"
+        return Path(self._directory_path(sequence))
+
+    def _directory_path(self, sequence: int) -> str:
+        """A sequence's directory as a string: the reads over every batch make no ``Path`` objects."""
+        return os.path.join(self.root, f"{sequence:0{SEQUENCE_DIGITS}d}")
 
     def require(self, sequence: int) -> BatchRecord:
         """The record of one sequence; an error naming it when it was never minted."""
@@ -250,7 +254,7 @@ class StreamLedger:
         for sequence in self._sequences():
             if sequence <= after:
                 continue
-            directory = os.path.join(self.root, f"{sequence:0{SEQUENCE_DIGITS}d}")
+            directory = self._directory_path(sequence)
             if lacking and _exists(os.path.join(directory, lacking)):
                 continue
             if with_attempts and not _has_attempts(directory):
@@ -268,7 +272,7 @@ class StreamLedger:
         """Landing files that belong to a minted batch, committed or not (only ``batch.json`` is read)."""
         claimed: set[str] = set()
         for sequence in self._sequences():
-            minted = _read_json(os.path.join(self.root, f"{sequence:0{SEQUENCE_DIGITS}d}", BATCH_FILE))
+            minted = _read_json(os.path.join(self._directory_path(sequence), BATCH_FILE))
             claimed.update(minted["files"] if minted else ())
         return claimed
 
