@@ -9,6 +9,10 @@ whole read (every batch's three record files) that each of them made before. A r
 makes the reads below as many times as ``PER_ROUND`` says (counted on the fault pipeline's rounds),
 so the last lines compare a round's ledger reads both ways.
 
+Then the pending landing files of an idle stream (every batch committed to a real Iceberg table,
+PyIceberg's SQL catalog, one commit naming the landed files, which are kept): what a landing sensor
+tick asks every few seconds, now (the table asked first) against reading every ``batch.json`` too.
+
     python bench/ledger_scan.py [--batches 10000] [--scans 5]
 """
 
@@ -33,11 +37,17 @@ from lakehouse_assets.batches.ledger import (
     StreamLedger,
 )
 from lakehouse_assets.commit.committer import plan_commit
+from lakehouse_assets.commit.recovery import committed_landing_files
+from lakehouse_assets.commit.summary_keys import CommitStamp, commit_summary
+from lakehouse_assets.config.spec import parse_config
+from lakehouse_assets.ingest.pending_landing import pending_files
+from lakehouse_assets.paths import LakehousePaths
 
 OPEN_BATCHES = 2
 WHOLE = "whole read (every read before)"
 # Each read, with how many times one stream's round makes it (a writer run and a committer run,
-# with the landing sensor's and the commit sensor's ticks between them).
+# with the landing sensor's and the commit sensor's ticks between them). The claimed files' six are
+# an upper bound: the lag's two and an idle tick's are now answered by the table alone (below).
 PER_ROUND = {
     "the landing sensor's unstaged batches": 2,
     "the commit plan": 3,
@@ -96,6 +106,44 @@ def _timed_reads(committed: int, scans: int) -> dict[str, float]:
     return timings
 
 
+def _idle_pending_reads(committed: int, scans: int) -> tuple[float, float]:
+    """CPU-seconds of an idle stream's pending files with ``committed`` batches: now, and with every
+    ``batch.json`` read as well (the old order: the claimed files, then the table's)."""
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    work = Path(tempfile.mkdtemp(prefix="ledger-pending-"))
+    try:
+        paths = LakehousePaths(work, work)
+        stream = parse_config({"streams": [{"name": "clicks", "table_identifier": "web.clicks"}]}).stream("clicks")
+        ledger = _write_ledger(paths.staging("clicks"), committed)
+        for sequence in range(committed + 1, committed + OPEN_BATCHES + 1):  # the open ones committed too
+            ledger.record_staged(StagedBatch(sequence, "a", 1, 0, None, None, 1.8e9))
+            ledger.record_committed(sequence, CommittedBatch(sequence, sequence, 1.8e9))
+        records = ledger.batches()
+        paths.landing("clicks").mkdir(parents=True)
+        for record in records:
+            for name in record.minted.files:
+                (paths.landing("clicks") / name).write_bytes(b'{"id": 1}\n')
+        catalog = SqlCatalog("lake", uri=f"sqlite:///{work}/catalog.db", warehouse=f"file://{work}/warehouse")
+        catalog.create_namespace("web")
+        table = catalog.create_table("web.clicks", pa.schema([("id", pa.int64())]))
+        summary = commit_summary("clicks", records, 1, 1, CommitStamp(1, "bench"))
+        table.append(pa.table({"id": pa.array([1], pa.int64())}), snapshot_properties=summary)
+        table = catalog.load_table("web.clicks")
+
+        def both_read() -> list[str]:
+            claimed = ledger.claimed_files() | committed_landing_files(table, "clicks")
+            return [name for name in os.listdir(paths.landing("clicks")) if name not in claimed]
+
+        now = lambda: pending_files(paths, stream, ledger, table)  # noqa: E731
+        assert now() == [] and both_read() == []
+        now_cpu = statistics.median(_cpu(now) for _ in range(scans))
+        return now_cpu, statistics.median(_cpu(both_read) for _ in range(scans))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=10_000)
@@ -114,6 +162,10 @@ def main() -> None:
         after = sum(times * timings[name] for name, times in PER_ROUND.items())
         ratio = after / before
         print(f"  one stream's round at {count} batches: {before:.2f} CPU-s before, {after:.2f} now ({ratio:.2f}x)")
+    print("CPU-seconds of an idle stream's pending landing files (a landing sensor tick asks):")
+    for count in (small_count, arguments.batches):
+        now, both = _idle_pending_reads(count, arguments.scans)
+        print(f"  {count:>7} batches  the table first {now:.4f}  every batch.json too {both:.4f} ({now / both:.2f}x)")
 
 
 if __name__ == "__main__":

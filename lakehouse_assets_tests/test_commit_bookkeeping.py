@@ -2,6 +2,7 @@
 reads back from a real Iceberg table's snapshot summaries (written by PyIceberg's SQL catalog on
 SQLite with the keys the committer stamps; no Spark)."""
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyiceberg.catalog.sql import SqlCatalog
 
+from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.batches.ledger import (
     COMMITTED_FILE,
     STAGED_FILE,
@@ -23,7 +25,10 @@ from lakehouse_assets.batches.ledger import (
 from lakehouse_assets.commit.committer import plan_commit
 from lakehouse_assets.commit.recovery import committed_landing_files, committed_state, next_epoch
 from lakehouse_assets.commit.summary_keys import CommitStamp, commit_summary
+from lakehouse_assets.config.spec import parse_config
 from lakehouse_assets.errors import BatchConflictError, SequenceGapError
+from lakehouse_assets.ingest.pending_landing import pending_files
+from lakehouse_assets.paths import LakehousePaths
 
 
 def _minted(sequence: int, files: list[str] | None = None) -> MintedBatch:
@@ -154,3 +159,35 @@ def test_the_ledgers_narrow_reads_return_what_the_whole_read_filtered_alike_does
         assert [record.sequence for record in whole] == minted
         assert ledger.claimed_files() == {name for record in whole for name in record.minted.files}
         assert ledger.highest_sequence() == max((record.sequence for record in whole), default=0)
+
+
+def test_a_stream_whose_table_names_every_landed_file_reads_no_batch_record(tmp_path):
+    """An idle stream's sensor ticks ask the table first: with every landed file in its commits,
+    no ``batch.json`` is read (here none could be: they are damaged); a new file, or one in a
+    batch the table does not hold yet, sends it to the ledger as before."""
+    paths = LakehousePaths(tmp_path, tmp_path)
+    stream = parse_config({"streams": [{"name": "orders", "table_identifier": "sales.orders"}]}).stream("orders")
+    ledger = StreamLedger(paths.staging("orders"))
+    for sequence in (1, 2):
+        [landed] = land_events(paths, stream, [json.dumps({"order_id": sequence})])
+        ledger.mint(_minted(sequence, [landed.name]))
+        ledger.record_staged(_staged(sequence))
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/warehouse")
+    catalog.create_namespace("sales")
+    table = catalog.create_table("sales.orders", pa.schema([("order_id", pa.int64())]))
+    summary = commit_summary("orders", [ledger.batch(1), ledger.batch(2)], 1, 1, CommitStamp(1, "run-a"))
+    table.append(pa.table({"order_id": pa.array([1], pa.int64())}), snapshot_properties=summary)
+    table = catalog.load_table("sales.orders")
+    records = {ledger.batch(sequence).directory / "batch.json": None for sequence in (1, 2)}
+    for record in records:
+        records[record] = record.read_text()
+        record.write_text("{damaged")
+
+    assert pending_files(paths, stream, ledger, table) == []
+
+    for record, text in records.items():
+        record.write_text(text)
+    [in_a_batch] = land_events(paths, stream, [json.dumps({"order_id": 3})])
+    ledger.mint(_minted(3, [in_a_batch.name]))
+    [new] = land_events(paths, stream, [json.dumps({"order_id": 4})])
+    assert [landed.name for landed in pending_files(paths, stream, ledger, table)] == [new.name]

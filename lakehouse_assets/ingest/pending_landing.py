@@ -15,8 +15,17 @@ def pending_files(
     paths: LakehousePaths, stream: StreamSpec, ledger: StreamLedger, table: Table | None
 ) -> list[LandingFile]:
     """Landed files that no minted batch holds yet and that no commit of the stream in ``table``
-    names (main, and the audit branch of an audited stream)."""
-    claimed = ledger.claimed_files() | committed_landing_files(table, stream.name)
+    names (main, and the audit branch of an audited stream).
+
+    The table is asked first: when it names every landed file (a stream with nothing new, its
+    files kept for ``landing_retention``), no batch's record is read at all; otherwise every
+    ``batch.json`` is, since any batch may hold a file (one not committed, or rolled back).
+    """
+    committed = committed_landing_files(table, stream.name)
     if stream.publish == "audit":
-        claimed |= committed_landing_files(table, stream.name, AUDIT_BRANCH)
-    return [landed for landed in list_landing_files(landing_dir(paths, stream)) if landed.name not in claimed]
+        committed |= committed_landing_files(table, stream.name, AUDIT_BRANCH)
+    landed = [file for file in list_landing_files(landing_dir(paths, stream)) if file.name not in committed]
+    if not landed:
+        return []
+    claimed = ledger.claimed_files()
+    return [file for file in landed if file.name not in claimed]
