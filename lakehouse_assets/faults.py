@@ -53,6 +53,8 @@ PUBLISH_AFTER_DEAD_LETTERS = "publish.after_dead_letters_before_fast_forward"
 PUBLISH_AFTER_FAST_FORWARD = "publish.after_fast_forward"
 DISCARD_AFTER_UNSTAGING = "discard.after_unstaging_before_reset"
 LEDGER_AFTER_DIRECTORY = "ledger.after_directory_before_batch"
+# A retained batch's directory renamed out of the ledger's sight, not deleted yet.
+LEDGER_DURING_REMOVAL = "ledger.during_removal"
 REPLAY_AFTER_SELECTING = "replay.after_selecting_before_landing"
 # A Kafka batch's writer: its range checked against the partitions' first offsets, not read yet.
 KAFKA_BEFORE_READ = "kafka.before_read"

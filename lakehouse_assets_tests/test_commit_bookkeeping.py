@@ -5,6 +5,7 @@ SQLite with the keys the committer stamps; no Spark)."""
 import json
 import tempfile
 from pathlib import Path
+from unittest.mock import patch
 
 import pyarrow as pa
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyiceberg.catalog.sql import SqlCatalog
 
+from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.batches.ledger import (
     COMMITTED_FILE,
@@ -27,6 +29,7 @@ from lakehouse_assets.commit.recovery import committed_landing_files, committed_
 from lakehouse_assets.commit.summary_keys import CommitStamp, commit_summary
 from lakehouse_assets.config.spec import parse_config
 from lakehouse_assets.errors import BatchConflictError, SequenceGapError
+from lakehouse_assets.faults import InjectedFault
 from lakehouse_assets.ingest.pending_landing import pending_files
 from lakehouse_assets.paths import LakehousePaths
 
@@ -191,3 +194,38 @@ def test_a_stream_whose_table_names_every_landed_file_reads_no_batch_record(tmp_
     ledger.mint(_minted(3, [in_a_batch.name]))
     [new] = land_events(paths, stream, [json.dumps({"order_id": 4})])
     assert [landed.name for landed in pending_files(paths, stream, ledger, table)] == [new.name]
+
+
+def test_a_file_whose_batch_retention_removes_while_it_is_listed_is_not_pending(tmp_path):
+    """Retention removes a batch's landing files, then its entry; a sensor that listed the file
+    before and reads the ledger after finds neither, and does not take the file for a new one."""
+    paths = LakehousePaths(tmp_path, tmp_path)
+    stream = parse_config({"streams": [{"name": "orders", "table_identifier": "sales.orders"}]}).stream("orders")
+    ledger = StreamLedger(paths.staging("orders"))
+    [retained] = land_events(paths, stream, [json.dumps({"order_id": 1})])
+    ledger.mint(_minted(1, [retained.name]))
+    [new] = land_events(paths, stream, [json.dumps({"order_id": 2})])
+    read_claimed = StreamLedger.claimed_files
+
+    def retention_in_between(self: StreamLedger) -> set[str]:
+        retained.unlink()
+        self.remove_batch(1)
+        return read_claimed(self)
+
+    with patch.object(StreamLedger, "claimed_files", retention_in_between):
+        assert [landed.name for landed in pending_files(paths, stream, ledger, None)] == [new.name]
+
+
+def test_a_removal_cut_short_leaves_no_batch_behind_and_the_next_sweep_deletes_it(tmp_path, monkeypatch):
+    ledger = _ledger_with(tmp_path, [1, 2], [1, 2])
+    ledger.record_committed(1, CommittedBatch(1, 1, 0.0))
+    monkeypatch.setenv(faults.FAIL_ENV, faults.LEDGER_DURING_REMOVAL)
+
+    with pytest.raises(InjectedFault):
+        ledger.remove_batch(1)
+
+    assert [record.sequence for record in ledger.batches()] == [2]
+    assert [record.sequence for record in ledger.batches(lacking=COMMITTED_FILE)] == [2]
+    [left] = [path.name for path in ledger.root.iterdir() if path.name.startswith(".")]
+    ledger.sweep_removed()
+    assert sorted(path.name for path in ledger.root.iterdir()) == [f"{2:010d}"], left

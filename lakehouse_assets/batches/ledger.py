@@ -34,6 +34,7 @@ STAGED_FILE = "staged.json"
 COMMITTED_FILE = "committed.json"
 EVENTS_DIR = "events"
 ATTEMPT_PREFIX = "attempt-"
+REMOVED_PREFIX = ".removed-"
 SEQUENCE_DIGITS = 10
 
 
@@ -175,10 +176,10 @@ def _gone(error: OSError) -> bool:
     return isinstance(error, (FileNotFoundError, NotADirectoryError)) or error.errno == errno.ESTALE
 
 
-def _exists(path: str) -> bool:
-    """Whether a record file exists, asked by opening it: a shared file system (NFS) answers a
-    ``stat`` from its attribute cache, which may still hold a file another host removed, but
-    revalidates on ``open``, as the record's own read does."""
+def exists_when_opened(path: str | Path) -> bool:
+    """Whether a file exists, asked by opening it: a shared file system (NFS) answers a ``stat``
+    from its attribute cache, which may still hold a file another host removed, but revalidates on
+    ``open``, as a read of the file does."""
     try:
         os.close(os.open(path, os.O_RDONLY))
     except OSError as error:
@@ -232,15 +233,17 @@ class StreamLedger:
             directory=directory,
         )
 
-    def _sequences(self) -> list[int]:
-        """The sequences that have a directory, in order (a mint that died may have left one empty)."""
+    def _names(self) -> list[str]:
         try:
-            names = os.listdir(self.root)
+            return os.listdir(self.root)
         except OSError as error:
             if _gone(error):
                 return []
             raise
-        return sorted(int(name) for name in names if name.isascii() and name.isdigit())
+
+    def _sequences(self) -> list[int]:
+        """The sequences that have a directory, in order (a mint that died may have left one empty)."""
+        return sorted(int(name) for name in self._names() if name.isascii() and name.isdigit())
 
     def batches(self, after: int = 0, lacking: str | None = None, with_attempts: bool = False) -> list[BatchRecord]:
         """The minted batches with a sequence above ``after``, in sequence order; with ``lacking``
@@ -255,7 +258,7 @@ class StreamLedger:
             if sequence <= after:
                 continue
             directory = self._directory_path(sequence)
-            if lacking and _exists(os.path.join(directory, lacking)):
+            if lacking and exists_when_opened(os.path.join(directory, lacking)):
                 continue
             if with_attempts and not _has_attempts(directory):
                 continue
@@ -327,8 +330,27 @@ class StreamLedger:
         self.remove_attempts(sequence)
 
     def remove_batch(self, sequence: int) -> None:
-        """Forget a batch entirely; only for batches no failure or rollback can need again."""
-        shutil.rmtree(self._directory(sequence), ignore_errors=True)
+        """Forget a batch entirely; only for batches no failure or rollback can need again.
+
+        The directory is first renamed out of the ledger's sight, so a removal cut short never
+        leaves a batch that lost its ``committed.json`` but kept its ``batch.json`` (one that looks
+        unstaged, whose landing files are gone); ``sweep_removed`` deletes what such a cut left.
+        """
+        removed = os.path.join(self.root, f"{REMOVED_PREFIX}{sequence}-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(self._directory_path(sequence), removed)
+        except OSError as error:
+            if _gone(error):  # removed before, here or by another host
+                return
+            raise
+        crash_point(faults.LEDGER_DURING_REMOVAL)
+        shutil.rmtree(removed, ignore_errors=True)
+
+    def sweep_removed(self) -> None:
+        """Delete the directories of removals that were cut short (``remove_batch``)."""
+        for name in self._names():
+            if name.startswith(REMOVED_PREFIX):
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
 
     def remove_attempts(self, sequence: int, keep: str | None = None) -> None:
         """Delete attempt directories of a batch, except ``keep``."""

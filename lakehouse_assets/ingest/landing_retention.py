@@ -30,6 +30,7 @@ def remove_committed_landing_files(
     directory = landing_dir(paths, stream)
     ledger = StreamLedger(paths.staging(stream.name))
     removed, forgotten, kept_for_retention = 0, 0, 0
+    ledger.sweep_removed()
     for record in ledger.batches():
         if record.sequence > beyond_rollback or record.committed is None:
             break

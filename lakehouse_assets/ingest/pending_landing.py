@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyiceberg.table import Table
 
 from lakehouse_assets.batches.landing import LandingFile, landing_dir, list_landing_files
-from lakehouse_assets.batches.ledger import StreamLedger
+from lakehouse_assets.batches.ledger import StreamLedger, exists_when_opened
 from lakehouse_assets.commit.recovery import AUDIT_BRANCH, committed_landing_files
 from lakehouse_assets.config.spec import StreamSpec
 from lakehouse_assets.paths import LakehousePaths
@@ -19,13 +19,16 @@ def pending_files(
 
     The table is asked first: when it names every landed file (a stream with nothing new, its
     files kept for ``landing_retention``), no batch's record is read at all; otherwise every
-    ``batch.json`` is, since any batch may hold a file (one not committed, or rolled back).
+    ``batch.json`` is, since any batch may hold a file (one not committed, or rolled back). A file
+    is listed before the batches are read, so each one left is opened once more: retention removes
+    a batch's files before its entry, and a file whose entry went in between is gone by then.
     """
     committed = committed_landing_files(table, stream.name)
     if stream.publish == "audit":
         committed |= committed_landing_files(table, stream.name, AUDIT_BRANCH)
-    landed = [file for file in list_landing_files(landing_dir(paths, stream)) if file.name not in committed]
+    directory = landing_dir(paths, stream)
+    landed = [file for file in list_landing_files(directory) if file.name not in committed]
     if not landed:
         return []
     claimed = ledger.claimed_files()
-    return [file for file in landed if file.name not in claimed]
+    return [file for file in landed if file.name not in claimed and exists_when_opened(directory / file.name)]

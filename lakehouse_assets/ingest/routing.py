@@ -243,6 +243,7 @@ def _remove_routed_landing_files(paths: LakehousePaths, stream: StreamSpec, ledg
     the next batch (and the names of its route files) must continue after it."""
     directory = landing_dir(paths, stream)
     now = time.time()
+    ledger.sweep_removed()
     records = ledger.batches()
     for record in records:
         if record.committed and now - record.committed.committed_at >= stream.maintenance.landing_retention:
