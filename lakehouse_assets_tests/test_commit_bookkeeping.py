@@ -3,7 +3,9 @@ reads back from a real Iceberg table's snapshot summaries (written by PyIceberg'
 SQLite with the keys the committer stamps; no Spark)."""
 
 import json
+import os
 import tempfile
+import threading
 from pathlib import Path
 from unittest.mock import patch
 
@@ -229,3 +231,24 @@ def test_a_removal_cut_short_leaves_no_batch_behind_and_the_next_sweep_deletes_i
     [left] = [path.name for path in ledger.root.iterdir() if path.name.startswith(".")]
     ledger.sweep_removed()
     assert sorted(path.name for path in ledger.root.iterdir()) == [f"{2:010d}"], left
+
+
+def test_a_fifo_named_like_a_landing_file_does_not_hold_the_sensor(tmp_path):
+    """Each pending file is opened once more: a FIFO in the landing directory must not block that
+    open (it would wait for a writer forever, and the landing sensor with it)."""
+    paths = LakehousePaths(tmp_path, tmp_path)
+    stream = parse_config({"streams": [{"name": "orders", "table_identifier": "sales.orders"}]}).stream("orders")
+    [landed] = land_events(paths, stream, [json.dumps({"order_id": 1})])
+    os.mkfifo(landed.with_name("pipe.ndjson"))
+    found: list[str] = []
+    asking = threading.Thread(
+        target=lambda: found.extend(
+            pending.name for pending in pending_files(paths, stream, StreamLedger(paths.staging("orders")), None)
+        ),
+        daemon=True,
+    )
+    asking.start()
+    asking.join(timeout=10)
+
+    assert not asking.is_alive(), "pending_files blocked on the FIFO"
+    assert sorted(found) == sorted([landed.name, "pipe.ndjson"])

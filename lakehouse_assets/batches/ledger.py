@@ -179,9 +179,10 @@ def _gone(error: OSError) -> bool:
 def exists_when_opened(path: str | Path) -> bool:
     """Whether a file exists, asked by opening it: a shared file system (NFS) answers a ``stat``
     from its attribute cache, which may still hold a file another host removed, but revalidates on
-    ``open``, as a read of the file does."""
+    ``open``, as a read of the file does. Never blocks: a FIFO (a hostile name in a landing
+    directory) opens at once, and a terminal does not become this process's."""
     try:
-        os.close(os.open(path, os.O_RDONLY))
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY))
     except OSError as error:
         if _gone(error):
             return False
