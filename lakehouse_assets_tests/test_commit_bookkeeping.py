@@ -25,6 +25,7 @@ from lakehouse_assets.batches.ledger import (
     MintedBatch,
     StagedBatch,
     StreamLedger,
+    exists_when_opened,
 )
 from lakehouse_assets.commit.committer import plan_commit
 from lakehouse_assets.commit.recovery import committed_landing_files, committed_state, next_epoch
@@ -233,22 +234,24 @@ def test_a_removal_cut_short_leaves_no_batch_behind_and_the_next_sweep_deletes_i
     assert sorted(path.name for path in ledger.root.iterdir()) == [f"{2:010d}"], left
 
 
-def test_a_fifo_named_like_a_landing_file_does_not_hold_the_sensor(tmp_path):
-    """Each pending file is opened once more: a FIFO in the landing directory must not block that
-    open (it would wait for a writer forever, and the landing sensor with it)."""
+def test_what_is_not_a_regular_file_is_never_pending_and_never_blocks_the_sensor(tmp_path):
+    """A FIFO, a directory and a dangling link named like landing files are not landed files: they
+    would be batched and fail their batch as lost, holding the stream back. Nor may they block the
+    sensor (a FIFO's open waits for a writer unless made not to)."""
     paths = LakehousePaths(tmp_path, tmp_path)
     stream = parse_config({"streams": [{"name": "orders", "table_identifier": "sales.orders"}]}).stream("orders")
     [landed] = land_events(paths, stream, [json.dumps({"order_id": 1})])
     os.mkfifo(landed.with_name("pipe.ndjson"))
+    landed.with_name("directory.ndjson").mkdir()
+    landed.with_name("dangling.ndjson").symlink_to(tmp_path / "nowhere.ndjson")
+    ledger = StreamLedger(paths.staging("orders"))
     found: list[str] = []
     asking = threading.Thread(
-        target=lambda: found.extend(
-            pending.name for pending in pending_files(paths, stream, StreamLedger(paths.staging("orders")), None)
-        ),
-        daemon=True,
+        target=lambda: found.extend(pending.name for pending in pending_files(paths, stream, ledger, None)), daemon=True
     )
     asking.start()
     asking.join(timeout=10)
 
-    assert not asking.is_alive(), "pending_files blocked on the FIFO"
-    assert sorted(found) == sorted([landed.name, "pipe.ndjson"])
+    assert not asking.is_alive(), "pending_files blocked"
+    assert found == [landed.name]
+    assert exists_when_opened(landed.with_name("pipe.ndjson"))  # opened at once, no writer needed

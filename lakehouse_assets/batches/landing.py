@@ -51,7 +51,9 @@ def landing_dir(paths: LakehousePaths, stream: StreamSpec) -> Path:
 
 
 def list_landing_files(directory: Path) -> list[LandingFile]:
-    """All landed files, oldest name first; temporary dot-files are not landed yet."""
+    """All landed files, oldest name first; temporary dot-files are not landed yet, and neither is
+    anything but a regular file (a FIFO, a directory or a dangling link with a landing file's name
+    would otherwise be batched and fail its batch as lost, holding the stream back)."""
     if not directory.is_dir():
         return []
     files = []
@@ -59,7 +61,12 @@ def list_landing_files(directory: Path) -> list[LandingFile]:
         for entry in entries:
             if entry.name.startswith(".") or not entry.name.endswith(LANDING_SUFFIX):
                 continue
-            stat = entry.stat()
+            try:
+                if not entry.is_file():
+                    continue
+                stat = entry.stat()
+            except FileNotFoundError:  # removed meanwhile (retention, another host)
+                continue
             files.append(LandingFile(entry.name, stat.st_size, stat.st_mtime))
     return sorted(files, key=lambda landed: landed.name)
 
