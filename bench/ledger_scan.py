@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from lakehouse_assets.batches.landing import list_landing_files
 from lakehouse_assets.batches.ledger import (
     COMMITTED_FILE,
     STAGED_FILE,
@@ -134,7 +135,7 @@ def _idle_pending_reads(committed: int, scans: int) -> tuple[float, float]:
 
         def both_read() -> list[str]:
             claimed = ledger.claimed_files() | committed_landing_files(table, "clicks")
-            return [name for name in os.listdir(paths.landing("clicks")) if name not in claimed]
+            return [landed.name for landed in list_landing_files(paths.landing("clicks")) if landed.name not in claimed]
 
         now = lambda: pending_files(paths, stream, ledger, table)  # noqa: E731
         assert now() == [] and both_read() == []
