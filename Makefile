@@ -46,7 +46,8 @@ object-store-demo: $(BIN)/lakehouse
 	  $(BIN)/lakehouse demo --object-store --keep-running
 
 # mypy (10 s on one core) runs beside the tests' first step, the class-data archive's build (a
-# JVM on about one and a half cores); its verdict counts as the tests' does.
+# JVM on about one and a half cores) and the Maven fetches of the test servers' jars; its verdict
+# counts as the tests' does.
 test: $(BIN)/lakehouse
 	$(BIN)/ruff check lakehouse_assets lakehouse_assets_tests bench
 	$(BIN)/mypy & mypy=$$!; TMPDIR=$(TEST_TMPDIR) $(BIN)/pytest; tests=$$?; wait $$mypy && exit $$tests

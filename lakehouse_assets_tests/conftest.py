@@ -7,7 +7,8 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -84,32 +85,50 @@ def pytest_configure(config: pytest.Config) -> None:
     makes), and build the class-data-sharing archive every JVM of the session then starts from."""
     if hasattr(config, "workerinput") or "not spark" in config.option.markexpr:
         return
-    # Fetched before the first test (Maven is needed: a machine without it fails the run here): the
-    # Kafka broker's jars and Spark's Kafka source, which a test JVM started for another
-    # configuration adds when a Kafka test's session needs it (``engine/spark.py``). On every test
-    # JVM's class path instead, they made the fault tests' processes about half as slow again.
-    fetch_jars(KAFKA_BROKER)
-    fetch_jars(SPARK_KAFKA)
-    # The object-store tests' servers, and the AWS SDK that Iceberg's S3FileIO calls. Their
-    # pipelines run on the test JVMs as the other fault tests' do, and a JVM is started for
-    # whichever configuration comes first: every one of the session gets the SDK (one jar, read
-    # only when a class of it is loaded) at the end of its class path, and the SDK's setting for
-    # a store other than AWS (``jvm.connectors.S3_COMPATIBLE_ENV``) from the environment.
-    fetch_jars(S3_SERVER)
-    fetch_jars(REST_CATALOG_SERVER)
+    # The object-store tests' pipelines run on the test JVMs as the other fault tests' do, and a JVM
+    # is started for whichever configuration comes first: every one of the session gets the AWS SDK
+    # that Iceberg's S3FileIO calls (one jar, read only when a class of it is loaded) at the end of
+    # its class path, and the SDK's setting for a store other than AWS
+    # (``jvm.connectors.S3_COMPATIBLE_ENV``) from the environment.
     class_path = [os.environ.get(TEST_JVM_CLASS_PATH_ENV, ""), *connector_jars(ICEBERG_AWS)]
     os.environ[TEST_JVM_CLASS_PATH_ENV] = os.pathsep.join(filter(None, class_path))
     for name, value in S3_COMPATIBLE_ENV.items():
         os.environ.setdefault(name, value)
-    if os.environ[JAVA_OPTIONS_ENV] != SUITE_JAVA_OPTIONS:
-        return
+    archive_built = _start_archive(config) if os.environ[JAVA_OPTIONS_ENV] == SUITE_JAVA_OPTIONS else None
+    # Fetched while the archive builds, before the first test (Maven is needed: a machine without
+    # it fails the run here), one set at a time (Maven's local repository is not safe for two at
+    # once): the Kafka broker's jars and Spark's Kafka source, which a test JVM started for another
+    # configuration adds when a Kafka test's session needs it (``engine/spark.py``; on every test
+    # JVM's class path instead, they made the fault tests' processes about half as slow again), and
+    # the object-store tests' servers. On a machine whose Maven repository is empty, as CI's, the
+    # fetches take some 35 s, mostly downloads, and the build about 25 s (``docs/benchmarks.md``).
+    try:
+        for name in (KAFKA_BROKER, SPARK_KAFKA, S3_SERVER, REST_CATALOG_SERVER):
+            fetch_jars(name)
+    finally:
+        if archive_built is not None:
+            archive_built()
+
+
+def _start_archive(config: pytest.Config) -> Callable[[], None]:
+    """Start building the class-data archive on a thread; returns the wait for it, after which
+    every JVM of the session starts from the archive (``JAVA_TOOL_OPTIONS``) if it was built. The
+    session's Spark processes share one scratch directory, removed at the end."""
     directory = Path(tempfile.mkdtemp(prefix="lakehouse-test-jvm-"))
     config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
     (directory / "spark-local").mkdir()
     os.environ.setdefault(SPARK_SCRATCH_ENV, str(directory / "spark-local"))
     archive = directory / "classes.jsa"
-    if build_archive(archive):
-        os.environ[JAVA_OPTIONS_ENV] = f"{SUITE_JAVA_OPTIONS} {ARCHIVE_OPTION}{archive}"
+    built: list[bool] = []
+    building = threading.Thread(target=lambda: built.append(build_archive(archive)), name="class-data-archive")
+    building.start()
+
+    def wait() -> None:
+        building.join()
+        if built == [True]:
+            os.environ[JAVA_OPTIONS_ENV] = f"{SUITE_JAVA_OPTIONS} {ARCHIVE_OPTION}{archive}"
+
+    return wait
 
 
 # The files whose tests take longest together, longest first (summed durations of a fresh-clone
