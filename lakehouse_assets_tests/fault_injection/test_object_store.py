@@ -37,7 +37,7 @@ from lakehouse_assets.ops.rest_catalog_server import LocalRestCatalog
 from lakehouse_assets.ops.s3_server import LocalS3Server
 from lakehouse_assets.paths import STORAGE_ROOT_ENV, LakehousePaths
 from lakehouse_assets_tests.conftest import OBJECT_STORE_BUCKET, kill_session_server
-from lakehouse_assets_tests.fault_injection.conftest import _use_home, restored_first_round
+from lakehouse_assets_tests.fault_injection.conftest import restored_first_round, use_home
 from lakehouse_assets_tests.fault_injection.faulty_store import FaultyStoreProxy
 from lakehouse_assets_tests.fault_injection.invariants import (
     FAULT_PIPELINE_TABLES,
@@ -95,7 +95,7 @@ def object_store_first_round(
     (work / "lakehouse.yaml").write_text(yaml.safe_dump(object_store_pipeline(catalog)))
     try:
         with pytest.MonkeyPatch.context() as monkeypatch:
-            _use_home(work, monkeypatch)
+            use_home(work, monkeypatch)
             monkeypatch.setenv(SECRET_ENV, s3_server.secret_access_key)
             lake = Lakehouse.from_env()
             land_round(lake, 0)

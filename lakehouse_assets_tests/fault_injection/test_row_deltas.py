@@ -32,9 +32,9 @@ def _index_manifest(lake: Lakehouse) -> dict:
     return json.loads((lake.paths.key_index(CUSTOMERS) / MANIFEST).read_text())
 
 
+@pytest.mark.second_round  # round 1, a row delta already, committed in the template (``conftest.py``)
 def test_change_batches_commit_as_row_deltas_that_readers_see_as_position_deletes(lake):
-    for round_number in (1, 2):
-        _run(lake, round_number)
+    _run(lake, 2)
 
     assert invariant_violations(lake) == []
     assert each_batch_committed_once(lake, CUSTOMERS)
