@@ -58,9 +58,8 @@ SPARK_SCRATCH_ENV = "SPARK_LOCAL_DIRS"
 # run generated code, as users do (``generate_code``).
 INTERPRETED_SPARK = {"spark.sql.codegen.factoryMode": "NO_CODEGEN", "spark.sql.codegen.wholeStage": "false"}
 GENERATED_SPARK = {"spark.sql.codegen.factoryMode": "FALLBACK", "spark.sql.codegen.wholeStage": "true"}
-SUITE_JAVA_OPTIONS = " ".join(
-    ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", *(f"-D{key}={value}" for key, value in INTERPRETED_SPARK.items())]
-)
+JIT_AND_COLLECTOR = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+SUITE_JAVA_OPTIONS = " ".join([JIT_AND_COLLECTOR, *(f"-D{key}={value}" for key, value in INTERPRETED_SPARK.items())])
 os.environ.setdefault(JAVA_OPTIONS_ENV, SUITE_JAVA_OPTIONS)
 # A test process's own JVM has PostgreSQL's JDBC driver (at the end of its class path), so the JDBC
 # catalog tests run their rounds on it, warm, as the other fault tests do. The ``lakehouse``
