@@ -7,8 +7,8 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,7 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[TEST_JVM_CLASS_PATH_ENV] = os.pathsep.join(filter(None, class_path))
     for name, value in S3_COMPATIBLE_ENV.items():
         os.environ.setdefault(name, value)
-    archive_built = _start_archive(config) if os.environ[JAVA_OPTIONS_ENV] == SUITE_JAVA_OPTIONS else None
+    wait_for_archive = _start_archive(config) if os.environ[JAVA_OPTIONS_ENV] == SUITE_JAVA_OPTIONS else None
     # Fetched while the archive builds, before the first test (Maven is needed: a machine without
     # it fails the run here), one set at a time (Maven's local repository is not safe for two at
     # once): the Kafka broker's jars and Spark's Kafka source, which a test JVM started for another
@@ -105,26 +105,26 @@ def pytest_configure(config: pytest.Config) -> None:
         for name in (KAFKA_BROKER, SPARK_KAFKA, S3_SERVER, REST_CATALOG_SERVER):
             fetch_jars(name)
     finally:
-        if archive_built is not None:
-            archive_built()
+        if wait_for_archive is not None:
+            wait_for_archive()
 
 
 def _start_archive(config: pytest.Config) -> Callable[[], None]:
-    """Start building the class-data archive on a thread; returns the wait for it, after which
-    every JVM of the session starts from the archive (``JAVA_TOOL_OPTIONS``) if it was built. The
-    session's Spark processes share one scratch directory, removed at the end."""
+    """Start building the class-data archive on a thread; returns the wait for it (which raises
+    what the build raised), after which every JVM of the session starts from the archive
+    (``JAVA_TOOL_OPTIONS``) if it was built. The session's Spark processes share one scratch
+    directory, removed at the end."""
     directory = Path(tempfile.mkdtemp(prefix="lakehouse-test-jvm-"))
     config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
     (directory / "spark-local").mkdir()
     os.environ.setdefault(SPARK_SCRATCH_ENV, str(directory / "spark-local"))
     archive = directory / "classes.jsa"
-    built: list[bool] = []
-    building = threading.Thread(target=lambda: built.append(build_archive(archive)), name="class-data-archive")
-    building.start()
+    builder = ThreadPoolExecutor(1, thread_name_prefix="class-data-archive")
+    building = builder.submit(build_archive, archive)
+    builder.shutdown(wait=False)
 
     def wait() -> None:
-        building.join()
-        if built == [True]:
+        if building.result():
             os.environ[JAVA_OPTIONS_ENV] = f"{SUITE_JAVA_OPTIONS} {ARCHIVE_OPTION}{archive}"
 
     return wait
@@ -248,8 +248,8 @@ def instance(lakehouse_home: Path) -> Iterator[dg.DagsterInstance]:
 
 
 def kill_session_server(server: JvmServer) -> None:
-    """Kill a session's server (the broker, the store, the REST catalog) as its test worker ends,
-    instead of stopping it: its data is thrown away with it, and at the end of whole suites some
+    """Kill a test server (the broker, the store, the REST catalog) when its fixture ends, instead
+    of stopping it: its data is thrown away with it, and at the end of whole suites some
     took the 20 s a clean stop may before they were killed (``docs/benchmarks.md``)."""
     server.stop(kill=True)
 

@@ -66,17 +66,14 @@ COMPACTED = {
 
 
 def _topic(
-    broker: Brokers,
-    partitions: int,
-    settings: dict[str, str] | None = None,
-    replicas: int = 1,
-    assignment: list[list[int]] | None = None,
+    broker: Brokers, partitions: int, settings: dict[str, str] | None = None, assignment: list[list[int]] | None = None
 ) -> str:
-    """A new topic; with ``assignment``, each partition's replicas by node id, its preferred leader first."""
+    """A new topic, on one replica, or with ``assignment``: each partition's replicas by node id,
+    its preferred leader first."""
     name = f"t-{uuid.uuid4().hex[:10]}"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
     if assignment is None:
-        topic = NewTopic(name, partitions, replicas, config=settings or {})
+        topic = NewTopic(name, partitions, 1, config=settings or {})
     else:
         topic = NewTopic(name, partitions, replica_assignment=assignment, config=settings or {})
     admin.create_topics([topic])[name].result()
@@ -430,12 +427,11 @@ def _held_read(
     records: int,
     assignment: list[list[int]] | None = None,
 ) -> tuple[Lakehouse, str, PausedProcess]:
-    """A topic of ``partitions`` replicated to every broker (as ``assignment`` places them, if
-    given), ``records`` ticks in it (ids ``0`` up), each in a batch of its own so the stream
+    """A topic of ``partitions`` (on one replica, or as ``assignment`` places them on a
+    cluster's brokers), ``records`` ticks in it (ids ``0`` up), each in a batch of its own so the stream
     (``ONE_BATCH_PER_FETCH``) reads them one request at a time, and a real pipeline process let go
     from just before Spark reads them: its lake, the topic and the process."""
-    replicas = len(brokers.brokers) if isinstance(brokers, LocalKafkaCluster) else 1
-    topic = _topic(brokers, partitions, replicas=replicas, assignment=assignment)
+    topic = _topic(brokers, partitions, assignment=assignment)
     stream = _ticks_stream(brokers, topic, properties=ONE_BATCH_PER_FETCH)
     lake = _kafka_config(tmp_path, monkeypatch, brokers, stream)
     ticks = [(i % partitions, _tick(i)) for i in range(records)]
@@ -486,18 +482,17 @@ def _leader_of(cluster: LocalKafkaCluster, topic: str, partition: int) -> int:
     return admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader
 
 
-# Two nodes, not three: node 1 is the controller quorum and a broker, never killed; node 2 is a
+# The local cluster's two nodes: node 1 is the controller and a broker, never killed; node 2 is a
 # broker only, the preferred leader of partition 0 and of every other even partition (the odd ones'
 # is node 1), each partition replicated to both. Killing node 2 is killing partition 0's leader
 # and no controller: the controller elects node 1, in sync, and the read goes on there.
-FAILOVER_NODES = 2
 LEADER_NODE = 2
 
 
 def test_a_partition_leader_killed_in_the_middle_of_a_read_fails_over_to_a_replica(tmp_path, monkeypatch, instance):
     partitions = 6
     assignment = [[LEADER_NODE, 1] if p % 2 == 0 else [1, LEADER_NODE] for p in range(partitions)]
-    with local_kafka_cluster(tmp_path / "kafka", size=FAILOVER_NODES, controllers=1) as cluster:
+    with local_kafka_cluster(tmp_path / "kafka") as cluster:
         # Partition 0's leader dies (SIGKILL) in the middle of the read and stays down: the
         # controller elects a replica in sync, and the read goes on there.
         lake, topic, paused = _held_read(tmp_path, monkeypatch, cluster, partitions, 1800, assignment)

@@ -26,8 +26,8 @@ from lakehouse_assets.ops.replay import replay_dead_letters
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runner import run_job, run_pipeline_until_idle
 from lakehouse_assets_tests.conftest import write_config
-from lakehouse_assets_tests.fault_injection.conftest import use_home
 from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse, run_pipeline
+from lakehouse_assets_tests.fault_injection.template_homes import FIRST_ROUND_TEMPLATE, restored_home, use_home
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
 pytestmark = pytest.mark.spark
@@ -328,8 +328,8 @@ def test_a_routed_table_that_cannot_commit_is_reported_on_it_and_the_others_comm
 def tenants_first_round(tmp_path_factory, dagster_home_template) -> tuple[Path, list[str]]:
     """The tenants stream's first round, 60 events over six new tables, committed once in
     ``base/work`` by a run in this process (as each test below committed it for itself) and kept
-    in ``base/template``; its events. Each test restores it into that same directory: Iceberg's
-    metadata holds absolute paths (as ``fault_injection/conftest.py`` does for the fault pipeline)."""
+    as a template in ``base``, which ``restored_home`` restores into that same directory (Iceberg's
+    metadata holds absolute paths); its events."""
     base = tmp_path_factory.mktemp("tenants-first-round")
     work = base / "work"
     shutil.copytree(dagster_home_template, work / "dagster")
@@ -340,7 +340,7 @@ def tenants_first_round(tmp_path_factory, dagster_home_template) -> tuple[Path, 
         first_round = land_tenant_events(LakehousePaths.from_env(), 0, 60, tables=6)
         with dg.DagsterInstance.get() as instance:
             assert run_pipeline_until_idle(instance, log=lambda _: None).failed == []
-    shutil.copytree(work, base / "template")
+    shutil.copytree(work, base / FIRST_ROUND_TEMPLATE)
     return base, first_round
 
 
@@ -348,9 +348,7 @@ def tenants_first_round(tmp_path_factory, dagster_home_template) -> tuple[Path, 
 def tenants_after_a_round(tenants_first_round, monkeypatch) -> list[str]:
     """A fresh copy of the tenants' committed first round in use (``tenants_first_round``); its events."""
     base, first_round = tenants_first_round
-    shutil.rmtree(base / "work")
-    shutil.copytree(base / "template", base / "work")
-    use_home(base / "work", monkeypatch)
+    restored_home(base, monkeypatch)
     return first_round
 
 

@@ -50,7 +50,7 @@ HELD_STREAM = {**ORDERS_STREAM, "name": "held", "table_identifier": "sales.held"
 
 
 @pytest.fixture(scope="module")
-def _shared_home(tmp_path_factory, dagster_home_template):
+def shared_home_environment(tmp_path_factory, dagster_home_template):
     """The environment of one home for the tests below that kill, stop or merely call its host and
     need no home of their own: the host a test kills is the one an earlier test left running (or
     the one its first call starts), and the host that replaces it serves the next test, instead of
@@ -74,7 +74,7 @@ def _shared_home(tmp_path_factory, dagster_home_template):
 
 
 @pytest.fixture
-def shared_lake(_shared_home, request):
+def shared_lake(shared_home_environment, request):
     """The shared home in use for one test, with whatever host the tests before left running.
     Its environment is set here, not with ``monkeypatch``, and undone before the suite's
     ``no_spark_host_outlives_its_test`` (an autouse fixture, set up first, torn down last) looks
@@ -82,7 +82,7 @@ def shared_lake(_shared_home, request):
     the next one starts from a new host, not from one the failure left armed or held."""
     failed = request.session.testsfailed
     with pytest.MonkeyPatch.context() as monkeypatch:
-        for name, value in _shared_home.items():
+        for name, value in shared_home_environment.items():
             monkeypatch.setenv(name, value)
         lake = Lakehouse.from_env()
         yield lake

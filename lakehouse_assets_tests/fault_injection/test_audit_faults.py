@@ -13,7 +13,6 @@ from lakehouse_assets import faults
 from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.commit.branches import audit_state
 from lakehouse_assets.lakehouse import Lakehouse
-from lakehouse_assets_tests.fault_injection.conftest import committed_first_round, restored_first_round
 from lakehouse_assets_tests.fault_injection.invariants import invariant_violations
 from lakehouse_assets_tests.fault_injection.pipeline import (
     PIPELINE,
@@ -22,6 +21,7 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
     run_lakehouse,
     run_pipeline,
 )
+from lakehouse_assets_tests.fault_injection.template_homes import committed_first_round, restored_home
 
 pytestmark = pytest.mark.spark
 
@@ -48,7 +48,7 @@ def audited_round_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def lakehouse_home(audited_round_template: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The audited pipeline's home with its first round published (overrides the root fixture)."""
-    return restored_first_round(audited_round_template, monkeypatch)
+    return restored_home(audited_round_template, monkeypatch)
 
 
 def _branches_agree(lake) -> bool:

@@ -25,7 +25,6 @@ from lakehouse_assets.engine.spark import DRIVER_MEMORY_ENV, ICEBERG_RUNTIME_JAR
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import STORAGE_ROOT_ENV
 from lakehouse_assets.quality.duck import iceberg_connection, scan
-from lakehouse_assets_tests.fault_injection.conftest import restored_first_round, use_home
 from lakehouse_assets_tests.fault_injection.invariants import (
     FAULT_PIPELINE_TABLES,
     assert_every_batch_once,
@@ -40,6 +39,7 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
     run_pipeline,
     run_two_pipelines_at_once,
 )
+from lakehouse_assets_tests.fault_injection.template_homes import restored_home, use_home
 from lakehouse_assets_tests.postgres_server import SERVER_USER, PostgresServer, jdbc_driver_jar
 from lakehouse_assets_tests.spark_cluster import cluster_environment, standalone_cluster
 
@@ -89,7 +89,7 @@ def jdbc_first_round(tmp_path_factory: pytest.TempPathFactory, postgres: Postgre
 @pytest.fixture
 def lakehouse_home(jdbc_first_round: Path, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The JDBC pipeline's home and catalog database with the first round committed."""
-    home = restored_first_round(jdbc_first_round, monkeypatch)
+    home = restored_home(jdbc_first_round, monkeypatch)
     monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
     postgres.clone_database(FIRST_ROUND_DATABASE, DATABASE)
     return home

@@ -37,7 +37,6 @@ from lakehouse_assets.ops.rest_catalog_server import LocalRestCatalog
 from lakehouse_assets.ops.s3_server import LocalS3Server
 from lakehouse_assets.paths import STORAGE_ROOT_ENV, LakehousePaths
 from lakehouse_assets_tests.conftest import OBJECT_STORE_BUCKET, kill_session_server
-from lakehouse_assets_tests.fault_injection.conftest import restored_first_round, use_home
 from lakehouse_assets_tests.fault_injection.faulty_store import FaultyStoreProxy
 from lakehouse_assets_tests.fault_injection.invariants import (
     FAULT_PIPELINE_TABLES,
@@ -54,6 +53,7 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
     run_pipeline,
     start_paused_at,
 )
+from lakehouse_assets_tests.fault_injection.template_homes import restored_home, use_home
 
 pytestmark = pytest.mark.spark
 
@@ -131,7 +131,7 @@ def lakehouse_home(
     monkeypatch: pytest.MonkeyPatch,
 ) -> Path:
     """The object-store pipeline's local files with the first round committed."""
-    home = restored_first_round(object_store_first_round[0], monkeypatch)
+    home = restored_home(object_store_first_round[0], monkeypatch)
     monkeypatch.setenv(SECRET_ENV, s3_server.secret_access_key)
     return home
 
