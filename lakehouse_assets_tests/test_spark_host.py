@@ -7,7 +7,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -67,10 +69,18 @@ def shared_home_environment(tmp_path_factory, dagster_home_template):
         "LAKEHOUSE_CONFIG": str(config),
     }
     yield environment
+    with _in_home(environment) as lake:
+        stop_hosts(lake, wait_seconds=0)
+
+
+@contextmanager
+def _in_home(environment: dict[str, str]) -> Iterator[Lakehouse]:
+    """The home of ``environment`` in use until the block ends (set without the test's
+    ``monkeypatch``); its lakehouse."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         for name, value in environment.items():
             monkeypatch.setenv(name, value)
-        stop_hosts(Lakehouse.from_env(), wait_seconds=0)
+        yield Lakehouse.from_env()
 
 
 @pytest.fixture
@@ -81,10 +91,7 @@ def shared_lake(shared_home_environment, request):
     at it, so that the host goes on to the next test. A test that failed stops the home's hosts:
     the next one starts from a new host, not from one the failure left armed or held."""
     failed = request.session.testsfailed
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        for name, value in shared_home_environment.items():
-            monkeypatch.setenv(name, value)
-        lake = Lakehouse.from_env()
+    with _in_home(shared_home_environment) as lake:
         yield lake
         if request.session.testsfailed > failed:
             stop_hosts(lake, wait_seconds=0)
@@ -394,6 +401,7 @@ call_on_host(Lakehouse.from_env(), _long_job)
 
 def test_a_call_whose_caller_is_killed_stops_at_its_current_spark_job(shared_lake):
     lake = shared_lake
+    logged = _log_size(lake)
     host = call_on_host(lake, _process_id)
     caller = subprocess.Popen([sys.executable, "-c", CALLER])
     deadline = time.monotonic() + 120
@@ -408,7 +416,7 @@ def test_a_call_whose_caller_is_killed_stops_at_its_current_spark_job(shared_lak
         assert time.monotonic() < deadline, "the call's Spark job ran on after its caller left"
         time.sleep(0.2)
     assert call_on_host(lake, _process_id) == host, "the same host goes on serving calls"
-    assert "the caller of _long_job left" in (lake.paths.state / "spark-host.log").read_text()
+    assert "the caller of _long_job left" in _log_from(lake, logged)
 
 
 # Last of the shared home's tests: it stops the host the others leave running.
