@@ -10,7 +10,7 @@ from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.commit.recovery import lakehouse_commits
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
-from lakehouse_assets.engine.spark import lakehouse_session
+from lakehouse_assets.engine.spark import SPAWN_DIRECTLY, lakehouse_session
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.ingest.staging import stage_batch
@@ -20,6 +20,7 @@ from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import order_event
 
 pytestmark = pytest.mark.spark
+PROCESS_LAUNCH_PROPERTY = "jdk.lang.Process.launchMechanism"
 
 
 def _duckdb_rows(lake, identifier, columns="*"):
@@ -96,6 +97,14 @@ def test_committer_with_nothing_pending_changes_nothing(lake):
 
     assert outcome.results == [] and outcome.plans[0].ready == [] and outcome.fenced is None
     assert lake.metadata_location("sales.orders") == before
+
+
+def test_spark_runs_the_local_file_systems_chmod_without_a_spawn_helper(lake):
+    """Hadoop's local file system runs ``chmod`` for every file and directory it creates; Spark's
+    JVM executes it directly (``SPAWN_DIRECTLY``), not through Java 17's spawn helper."""
+    system = lakehouse_session(lake).sparkContext._jvm.java.lang.System
+
+    assert f"-D{PROCESS_LAUNCH_PROPERTY}={system.getProperty(PROCESS_LAUNCH_PROPERTY)}" == SPAWN_DIRECTLY
 
 
 def test_repeated_and_concurrent_writer_attempts_leave_one_staged_batch(lake):

@@ -36,6 +36,15 @@ def iceberg_runtime_jar() -> str:
     return str(resources.files(ICEBERG_JAR_PACKAGE) / "jars" / ICEBERG_RUNTIME_JAR)
 
 
+# Hadoop's local file system (a ``file:`` lake, staged Parquet, Spark's scratch) sets the
+# permissions of every file and directory it creates by running ``chmod``, as PySpark's jars have
+# no Hadoop native library: about a hundred processes a pipeline round. Java 17 starts each through
+# its spawn helper, two programs executed; ``VFORK``, Java 11's default and supported on the Javas
+# Spark 3.5 runs on (``jvm.java_runtime``), executes ``chmod`` directly: 1.2 ms of CPU a process
+# instead of 2.5 (``docs/benchmarks.md``).
+SPAWN_DIRECTLY = "-Djdk.lang.Process.launchMechanism=VFORK"
+
+
 def _log_settings() -> str:
     return str(resources.files("lakehouse_assets.engine").joinpath("log4j2.properties"))
 
@@ -67,7 +76,8 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
         # instead of failing the job.
         "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
         # Warnings and errors only, without local Spark's start-up notices (log4j2.properties).
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log_settings()}",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log_settings()} {SPAWN_DIRECTLY}",
+        "spark.executor.extraJavaOptions": SPAWN_DIRECTLY,
     }
     conf.update(config.spark)
     if MASTER_ENV in os.environ:
