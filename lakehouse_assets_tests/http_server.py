@@ -5,14 +5,25 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 STARTUP_SECONDS = 30
+# ``httpx.get`` and ``httpx.post`` open a client for each request, and each client builds a TLS
+# context from the CA bundle: 0.025 CPU-s a request, some 60 CPU-s over the suite's thousands
+# (``docs/benchmarks.md``). The tests speak plain HTTP on loopback; one context serves them all.
+_TLS_CONTEXT = ssl.create_default_context()
+
+
+def request(method: str, url: str, **options: Any) -> httpx.Response:
+    """``httpx.request``, on a connection of its own, with the suite's one TLS context."""
+    return httpx.request(method, url, verify=_TLS_CONTEXT, **options)
 
 
 def free_port() -> int:
@@ -51,7 +62,7 @@ class HttpServer:
             if self.process.poll() is not None:
                 return False
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if request("GET", f"{self.url}/healthz", timeout=1).status_code == 200:
                     return True
             except httpx.TransportError:
                 time.sleep(0.05)

@@ -38,7 +38,7 @@ from lakehouse_assets_tests.fault_injection.pipeline import (
     run_lakehouse,
     start_paused_at,
 )
-from lakehouse_assets_tests.http_server import HttpServer
+from lakehouse_assets_tests.http_server import HttpServer, request
 
 DISK_BYTES = 96 * 1024 * 1024
 EVENTS_PER_ROUND = 2_000
@@ -199,7 +199,8 @@ def test_producers_are_refused_below_the_headroom_while_the_pipeline_commits_wha
 
     server = HttpServer(tmp_path / "serve.log").start()
     try:
-        answer = httpx.post(
+        answer = request(
+            "POST",
             f"{server.url}/v1/streams/orders/events",
             content=order_event(10**6 + 1),
             headers={"Authorization": "Bearer t0ken", "Content-Type": "application/x-ndjson"},
@@ -220,7 +221,7 @@ def test_producers_are_refused_below_the_headroom_while_the_pipeline_commits_wha
 
 def _post(server: HttpServer, body: str, key: str) -> httpx.Response:
     headers = {"Authorization": "Bearer t0ken", "Content-Type": "application/x-ndjson", "Idempotency-Key": key}
-    return httpx.post(f"{server.url}/v1/streams/orders/events", content=body, headers=headers, timeout=30)
+    return request("POST", f"{server.url}/v1/streams/orders/events", content=body, headers=headers, timeout=30)
 
 
 @pytest.mark.spark

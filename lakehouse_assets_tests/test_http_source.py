@@ -28,7 +28,7 @@ from lakehouse_assets.defs import names
 from lakehouse_assets.paths import LakehousePaths
 from lakehouse_assets.runner import run_until_idle
 from lakehouse_assets_tests.conftest import ORDERS_STREAM, order_event, write_config
-from lakehouse_assets_tests.http_server import HttpServer
+from lakehouse_assets_tests.http_server import HttpServer, request
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
 ORDERS_TOKEN = "orders-token-7f3a9c"
@@ -73,7 +73,10 @@ def post(
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     named = {name.replace("_", "-"): value for name, value in headers.items()}
-    return (client or httpx).post(f"{server.url}/v1/streams/{stream}/events", content=body, headers=named, timeout=30)
+    url = f"{server.url}/v1/streams/{stream}/events"
+    if client is not None:
+        return client.post(url, content=body, headers=named, timeout=30)
+    return request("POST", url, content=body, headers=named, timeout=30)
 
 
 def landed_lines(stream: str = "orders") -> list[bytes]:
@@ -274,9 +277,9 @@ def test_health_metrics_and_openapi(server):
     post(server, ndjson(order_event(1), order_event(2)))
     post(server, b"{oops\n")
 
-    health = httpx.get(f"{server.url}/healthz").json()
-    metrics = httpx.get(f"{server.url}/metrics").text
-    openapi = httpx.get(f"{server.url}/openapi.json").json()
+    health = request("GET", f"{server.url}/healthz").json()
+    metrics = request("GET", f"{server.url}/metrics").text
+    openapi = request("GET", f"{server.url}/openapi.json").json()
 
     assert health == {"status": "ok", "streams": ["clicks", "orders"]}
     assert 'lakehouse_http_events_accepted_total{stream="orders"} 2.0' in metrics
@@ -417,7 +420,7 @@ def test_any_request_is_landed_whole_or_refused_with_a_4xx_and_never_a_500(
         headers["Authorization"] = f"Bearer {token}".encode()
     sent = gzip.compress(body) if gzipped else body
     before = {name: landed_lines(name) for name in ("orders", "clicks")}
-    answer = httpx.post(f"{server.url}/v1/streams/{quote(stream, safe='')}/events", content=sent, headers=headers)
+    answer = request("POST", f"{server.url}/v1/streams/{quote(stream, safe='')}/events", content=sent, headers=headers)
     after = {name: landed_lines(name) for name in ("orders", "clicks")}
 
     assert answer.status_code < 500, answer.text
