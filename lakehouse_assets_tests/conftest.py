@@ -247,6 +247,14 @@ def instance(lakehouse_home: Path) -> Iterator[dg.DagsterInstance]:
         yield dagster_instance
 
 
+def fail_python_workers(spark: SparkSession, monkeypatch: pytest.MonkeyPatch, missing: Path) -> None:
+    """Make every Python worker ``spark`` starts from now on fail to start (its executable is the
+    path ``missing``, which does not exist): a step that needs one fails its Spark job. The
+    pipeline needs none (``engine.local_rows``), so a machine whose ``python3`` is not the
+    driver's Python runs it alike."""
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", str(missing))
+
+
 def kill_session_server(server: JvmServer) -> None:
     """Kill a test server (the broker, the store, the REST catalog) when its fixture ends, instead
     of stopping it: its data is thrown away with it, and at the end of whole suites some

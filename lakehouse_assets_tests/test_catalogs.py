@@ -3,6 +3,7 @@
 import contextlib
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -17,7 +18,7 @@ from lakehouse_assets.catalog.catalogs import (
 )
 from lakehouse_assets.catalog.table_metadata import catalog_client
 from lakehouse_assets.config.spec import parse_config
-from lakehouse_assets.engine.spark import MASTER_ENV, catalog_conf, static_spark_conf
+from lakehouse_assets.engine.spark import MASTER_ENV, SPAWN_DIRECTLY, catalog_conf, static_spark_conf
 from lakehouse_assets.errors import ConfigError
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.paths import LakehousePaths
@@ -178,6 +179,16 @@ def test_a_local_master_puts_the_local_jars_on_the_driver_class_path():
     assert class_path[1:] == ["/usr/share/java/postgresql.jar", "/opt/extra.jar", "/opt/mine/*"]
     # What is not a file here still reaches Spark, which fetches it.
     assert conf["spark.jars"] == "https://repo.example/remote.jar"
+
+
+def test_the_configs_java_options_keep_the_ones_the_engine_adds():
+    config = _config({"type": "hadoop", "warehouse": "/w"}, spark={"spark.executor.extraJavaOptions": "-XX:+UseG1GC"})
+
+    conf = static_spark_conf(config)
+
+    added = [SPAWN_DIRECTLY] if sys.platform.startswith("linux") else []
+    assert conf["spark.executor.extraJavaOptions"].split() == ["-XX:+UseG1GC", *added]
+    assert conf["spark.driver.extraJavaOptions"].split()[1:] == added
 
 
 @pytest.mark.spark  # the AWS SDK's jar comes from Maven, as the Spark tier's do

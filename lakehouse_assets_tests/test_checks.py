@@ -7,6 +7,7 @@ from lakehouse_assets.batches.landing import land_events
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
 from lakehouse_assets.defs.sensors import writer_run_request
+from lakehouse_assets.engine.local_rows import rows_frame
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.quality import checks
@@ -49,10 +50,9 @@ def test_a_foreign_row_fails_the_row_count_check_in_the_dagster_ui(committed_ord
 
 
 def test_a_gap_in_batch_ranges_fails_the_sequence_check(committed_orders, lake):
+    row = {"order_id": 1000, "customer_id": 1, "amount": 1.0}
     (
-        committed_orders.createDataFrame(
-            [(1000, 1, 1.0, None)], "order_id long, customer_id long, amount double, ts timestamp"
-        )
+        rows_frame(committed_orders, [row], "order_id long, customer_id long, amount double, ts timestamp")
         .writeTo("lake.sales.orders")
         .option("snapshot-property.lakehouse.stream", "orders")
         .option("snapshot-property.lakehouse.batch-range", "5-5")

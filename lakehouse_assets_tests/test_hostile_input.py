@@ -26,7 +26,7 @@ from lakehouse_assets.ingest.table_commits import commit_table
 from lakehouse_assets.jvm.column_cache import cached_columns
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.runner import run_pipeline_until_idle, run_until_idle
-from lakehouse_assets_tests.conftest import ORDERS_STREAM, generate_code, order_event, write_config
+from lakehouse_assets_tests.conftest import ORDERS_STREAM, fail_python_workers, generate_code, order_event, write_config
 from lakehouse_assets_tests.test_parsed_lines import line_read_alike
 from lakehouse_assets_tests.test_pipeline import _duckdb_rows
 
@@ -109,6 +109,7 @@ def test_an_event_spark_fails_on_is_isolated_and_dead_lettered(tmp_path, monkeyp
     lake = Lakehouse.from_env()
     events = [order_event(i) for i in range(1, 51)] + [order_event(51, amount=13.0), order_event(52, amount=13.0)]
     [landed] = land_events(lake.paths, lake.stream("orders"), events)
+    fail_python_workers(lakehouse_session(lake), monkeypatch, tmp_path / "no-python")
 
     report = run_until_idle(build_definitions(lake.config), instance, log=lambda _: None)
 

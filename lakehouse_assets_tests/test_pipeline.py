@@ -1,6 +1,7 @@
 """End to end with real engines: landing -> sensor -> Spark writer -> committer -> DuckDB checks."""
 
 import json
+import sys
 
 import dagster as dg
 import pytest
@@ -99,6 +100,7 @@ def test_committer_with_nothing_pending_changes_nothing(lake):
     assert lake.metadata_location("sales.orders") == before
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VFORK is Linux's (engine.spark.SPAWN_DIRECTLY)")
 def test_spark_runs_the_local_file_systems_chmod_without_a_spawn_helper(lake):
     """Hadoop's local file system runs ``chmod`` for every file and directory it creates; Spark's
     JVM executes it directly (``SPAWN_DIRECTLY``), not through Java 17's spawn helper."""

@@ -14,7 +14,7 @@ from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.replay import replay_dead_letters
 from lakehouse_assets.runner import run_until_idle
-from lakehouse_assets_tests.conftest import write_config
+from lakehouse_assets_tests.conftest import fail_python_workers, write_config
 from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse
 
 pytestmark = pytest.mark.spark
@@ -68,6 +68,7 @@ def _reject_then_fix(paths, tmp_path, monkeypatch, instance):
 
 def test_replayed_dead_letters_land_once_or_return_with_their_new_reason(paths, tmp_path, monkeypatch, instance):
     lake = Lakehouse(_reject_then_fix(paths, tmp_path, monkeypatch, instance), paths)
+    fail_python_workers(lakehouse_session(lake), monkeypatch, tmp_path / "no-python")
     first = replay_dead_letters(lake, "sales.orders", reason="amount")
     again = replay_dead_letters(lake, "sales.orders", reason="amount")
     assert (first.landed, again.landed, again.already_pending) == ({"orders": 2}, {}, 2)

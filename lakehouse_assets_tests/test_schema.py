@@ -15,12 +15,13 @@ from pyiceberg.types import FixedType, NestedField, UUIDType
 from pyspark.sql import types as T
 
 from lakehouse_assets.batches.landing import land_events
-from lakehouse_assets.batches.staged_format import REASON_COLUMN
+from lakehouse_assets.batches.staged_format import EVENT_COLUMN, LINE_COLUMN, REASON_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.batches.staged_rows import read_staged
 from lakehouse_assets.catalog.iceberg_types import parse_type, type_name
 from lakehouse_assets.config.spec import parse_config
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
+from lakehouse_assets.engine.local_rows import rows_frame
 from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest.conversion import convert_events, with_iceberg_types
 from lakehouse_assets.ingest.inference import infer_type
@@ -101,8 +102,11 @@ def test_conversion_coerces_every_encoding_the_rfc_accepts(tmp_path_factory, sam
     events = [
         json.dumps({kind: values[i][0] for kind, values in samples.items() if i < len(values)}) for i in range(rows)
     ]
-    lines = spark.createDataFrame([(event, "f", i + 1) for i, event in enumerate(events)], "e string, f string, l long")
-    lines = lines.toDF("_lakehouse_event", "_lakehouse_source_file", "_lakehouse_line")
+    lines = rows_frame(
+        spark,
+        [{EVENT_COLUMN: event, SOURCE_FILE_COLUMN: "f", LINE_COLUMN: i + 1} for i, event in enumerate(events)],
+        f"{EVENT_COLUMN} string, {SOURCE_FILE_COLUMN} string, {LINE_COLUMN} long",
+    )
 
     converted = convert_events(lines, schema, config.stream("s"), []).orderBy("_lakehouse_line").collect()
 

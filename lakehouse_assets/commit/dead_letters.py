@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial, reduce
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from lakehouse_assets.commit.recovery import MAIN_BRANCH, committed_state
 from lakehouse_assets.commit.table_writes import append_rows, run_with_commit_properties
 from lakehouse_assets.commit.tables import MANAGED_TABLE_PROPERTIES
 from lakehouse_assets.config.spec import StreamSpec
+from lakehouse_assets.engine.local_rows import rows_frame
 from lakehouse_assets.lakehouse import Lakehouse
 
 DEAD_LETTER_SUFFIX = "_dead_letters"
@@ -105,8 +106,9 @@ def replace_dead_letters(
     """In one commit (to the table or its ``branch``), delete the replayed dead-letter rows and add
     ``new_rows`` (events that failed again, with their new reason), carrying ``properties`` in the
     snapshot summary."""
-    keys = spark.createDataFrame(
-        [(None, None, key.stream, key.batch_sequence, key.source_file, key.source_line, None) for key in replayed],
+    keys = rows_frame(
+        spark,
+        [asdict(key) for key in replayed],
         "event string, reason string, stream string, batch_sequence bigint, source_file string, "
         "source_line bigint, recorded_at timestamp",
     ).select("*", F.lit("delete").alias("_action"))

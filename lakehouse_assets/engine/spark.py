@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Callable
 from importlib import resources
@@ -38,10 +39,11 @@ def iceberg_runtime_jar() -> str:
 
 # Hadoop's local file system (a ``file:`` lake, staged Parquet, Spark's scratch) sets the
 # permissions of every file and directory it creates by running ``chmod``, as PySpark's jars have
-# no Hadoop native library: about a hundred processes a pipeline round. Java 17 starts each through
-# its spawn helper, two programs executed; ``VFORK``, Java 11's default and supported on the Javas
-# Spark 3.5 runs on (``jvm.java_runtime``), executes ``chmod`` directly: 1.2 ms of CPU a process
-# instead of 2.5 (``docs/benchmarks.md``).
+# no Hadoop native library: about a hundred processes a pipeline round. Java 17 on Linux starts
+# each through its spawn helper, two programs executed; ``VFORK``, Java 11's default there and
+# supported by the Javas Spark 3.5 runs on (``jvm.java_runtime``), executes ``chmod`` directly:
+# 1.2 ms of CPU a process instead of 2.5 (``docs/benchmarks.md``). Linux only: macOS's Java has
+# no VFORK.
 SPAWN_DIRECTLY = "-Djdk.lang.Process.launchMechanism=VFORK"
 
 
@@ -76,17 +78,15 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
         # instead of failing the job.
         "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
         # Warnings and errors only, without local Spark's start-up notices (log4j2.properties).
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log_settings()} {SPAWN_DIRECTLY}",
-        "spark.executor.extraJavaOptions": SPAWN_DIRECTLY,
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log_settings()}",
     }
     conf.update(config.spark)
     if MASTER_ENV in os.environ:
         conf["spark.master"] = os.environ[MASTER_ENV]
-    if "s3.endpoint" in config.catalog:  # a store other than AWS
+    if java_options := _added_java_options(config):
         for side in ("driver", "executor"):
             key = f"spark.{side}.extraJavaOptions"
-            options = [f"-D{name}={value}" for name, value in S3_COMPATIBLE_SDK_SETTINGS.items()]
-            conf[key] = " ".join(filter(None, [conf.get(key), *options]))
+            conf[key] = " ".join(filter(None, [conf.get(key), *java_options]))
     if "spark.jars.packages" not in config.spark:
         # The Iceberg runtime first, then the jars the config adds (a JDBC catalog's driver, say).
         jars = [iceberg_runtime_jar(), *filter(None, conf.pop("spark.jars", "").split(","))]
@@ -96,6 +96,14 @@ def static_spark_conf(config: LakehouseConfig) -> dict[str, str]:
             jars += connector_jars(ICEBERG_AWS)
         conf.update(_jar_settings(jars, conf["spark.master"], config.spark.get("spark.driver.extraClassPath")))
     return conf
+
+
+def _added_java_options(config: LakehouseConfig) -> list[str]:
+    """The JVM options the engine adds to the driver's and the executors' own (the config's)."""
+    options = [SPAWN_DIRECTLY] if sys.platform.startswith("linux") else []
+    if "s3.endpoint" in config.catalog:  # a store other than AWS
+        options += [f"-D{name}={value}" for name, value in S3_COMPATIBLE_SDK_SETTINGS.items()]
+    return options
 
 
 def _jar_settings(jars: list[str], master: str, class_path: str | None) -> dict[str, str]:

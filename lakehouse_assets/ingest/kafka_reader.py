@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 from lakehouse_assets.batches.staged_format import EVENT_COLUMN, LINE_COLUMN, SOURCE_FILE_COLUMN
 from lakehouse_assets.config.spec import StreamSpec
+from lakehouse_assets.engine.local_rows import rows_frame
 from lakehouse_assets.source.kafka_log import spark_options, split_partition_name
 
 _VALUE = "_lakehouse_value"
@@ -73,7 +74,7 @@ def read_kafka_lines(spark: SparkSession, stream: StreamSpec, ranges: dict[str, 
     reading = {name: bounds for name, bounds in ranges.items() if bounds[1] > bounds[0]}
     if not reading:  # a batch of replayed dead letters only
         schema = f"{EVENT_COLUMN} string, {SOURCE_FILE_COLUMN} string, {LINE_COLUMN} long"
-        return spark.createDataFrame([], schema)
+        return rows_frame(spark, [], schema)
     assigned: dict[str, list[int]] = {}
     for name in reading:
         topic, partition = split_partition_name(name)

@@ -32,6 +32,7 @@ from lakehouse_assets.batches.staged_format import (
     SOURCE_FILE_COLUMN,
     UNCOERCIBLE_COLUMN,
 )
+from lakehouse_assets.engine.local_rows import rows_frame
 from lakehouse_assets.errors import LakehouseError
 from lakehouse_assets.ingest.landing_reader import valid_text
 
@@ -97,8 +98,11 @@ def isolate_failing_lines(lines: DataFrame, converts: Callable[[DataFrame], None
 
 def _failing_frame(lines: DataFrame, failing: list[FailingLine]) -> DataFrame:
     schema = f"`{SOURCE_FILE_COLUMN}` string, `{LINE_COLUMN}` long, `{REASON_COLUMN}` string"
-    rows = [(found.source_file, found.line, found.reason) for found in failing]
-    return F.broadcast(lines.sparkSession.createDataFrame(rows, schema))
+    rows = [
+        {SOURCE_FILE_COLUMN: found.source_file, LINE_COLUMN: found.line, REASON_COLUMN: found.reason}
+        for found in failing
+    ]
+    return F.broadcast(rows_frame(lines.sparkSession, rows, schema))
 
 
 def without_failing(lines: DataFrame, failing: list[FailingLine]) -> DataFrame:
