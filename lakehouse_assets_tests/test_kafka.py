@@ -25,13 +25,14 @@ from lakehouse_assets.cli.status import lakehouse_status
 from lakehouse_assets.commit import summary_keys
 from lakehouse_assets.definitions import build_definitions
 from lakehouse_assets.defs import names
+from lakehouse_assets.engine.spark import lakehouse_session
 from lakehouse_assets.ingest.kafka_batching import kafka_progress
 from lakehouse_assets.ingest.micro_batching import mint_next_batch
 from lakehouse_assets.lakehouse import Lakehouse
 from lakehouse_assets.ops.kafka_broker import LocalBroker, LocalKafkaCluster, local_kafka_cluster
 from lakehouse_assets.quality.duck import iceberg_connection, scan
 from lakehouse_assets.runner import run_until_idle
-from lakehouse_assets_tests.conftest import write_config
+from lakehouse_assets_tests.conftest import fail_python_workers, write_config
 from lakehouse_assets_tests.fault_injection.pipeline import PausedProcess, run_pipeline, start_paused_at
 from lakehouse_assets_tests.fault_injection.pipeline import run_lakehouse as run_pipeline_command
 
@@ -383,6 +384,8 @@ def test_dead_letters_of_a_kafka_stream_replay_once_after_a_fix(tmp_path, monkey
     lake = _kafka_config(tmp_path, monkeypatch, kafka_broker, stream)
     replayed = run_pipeline_command(["dlq", "replay", "--table", "market.ticks"])
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    # A batch of replays only: no record to read from Kafka, the replayed keys to delete.
+    fail_python_workers(lakehouse_session(lake), monkeypatch, tmp_path / "no-python")
     with dg.DagsterInstance.get() as fresh:
         assert run_until_idle(build_definitions(lake.config), fresh, log=lambda _: None).failed == []
 
